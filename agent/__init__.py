@@ -1,0 +1,178 @@
+"""dyper's agent: samples this process and streams reports to a dyper monitor.
+
+Usage from inside a program (or a container's entry point)::
+
+    import agent
+    agent.start(monitor="tcp://127.0.0.1:7341", budget="1%")
+    ...
+    agent.stop()   # leaves the process as it was
+
+The same ``start`` is what ``dyper run``, ``dyper attach`` and the
+``DYPER_MONITOR`` environment variable end in. Importing this package is cheap:
+ZeroMQ, msgpack and the sampler load on ``start``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ipaddress
+import os
+import threading
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from agent.core import Agent
+
+__all__ = ["DEFAULT_MONITOR", "agent_id", "is_running", "set_budget", "start", "stop"]
+
+#: Tells dyper's bootstrap this is dyper's agent and not another package named "agent".
+__dyper__ = True
+
+#: Where agents look for a monitor when none is given: loopback only.
+DEFAULT_MONITOR = "tcp://127.0.0.1:7341"
+
+_lock = threading.Lock()
+_agent: Agent | None = None
+#: Paths a bootstrap added to sys.path so the agent could be imported; removed on stop.
+_added_paths: list[str] = []
+
+
+def check_endpoint(endpoint: str) -> str:
+    """Refuse endpoints that would send profiles off this host unencrypted."""
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return endpoint
+    if not endpoint.startswith("tcp://"):
+        raise ValueError(f"monitor endpoint {endpoint!r}: use tcp://HOST:PORT or ipc://PATH")
+    host = urlsplit(endpoint).hostname or ""
+    loopback = host == "localhost"
+    if not loopback:
+        try:
+            loopback = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            loopback = False
+    if not loopback:
+        raise ValueError(
+            f"monitor endpoint {endpoint!r} is not on loopback; profiles would cross the network "
+            "unencrypted: use a loopback address (CURVE-secured remote monitors come with `dyper keys`)"
+        )
+    return endpoint
+
+
+def start(
+    monitor: str | None = None,
+    budget: float | str | None = None,
+    *,
+    ceiling: float | str | None = None,
+    attach_token: str | None = None,
+) -> str:
+    """Start the agent and return its id; if it already runs, apply the budget.
+
+    ``monitor`` defaults to ``$DYPER_MONITOR`` and then :data:`DEFAULT_MONITOR`;
+    ``budget`` (``"1%"`` or ``0.01``) to ``$DYPER_BUDGET`` and then 1%.
+    ``ceiling`` caps every later budget change. Thread-safe and idempotent.
+    """
+    global _agent
+    from agent.protocol import parse_budget
+
+    endpoint = check_endpoint(monitor or os.environ.get("DYPER_MONITOR") or DEFAULT_MONITOR)
+    fraction = parse_budget(budget if budget is not None else os.environ.get("DYPER_BUDGET", "1%"))
+    cap = parse_budget(ceiling) if ceiling is not None else None
+    with _lock:
+        if _agent is not None and _agent.alive and _agent.pid == os.getpid():
+            _agent.set_budget(fraction)
+            return _agent.agent_id
+        from agent.core import Agent
+
+        new = Agent(endpoint, fraction, attach_token=attach_token, ceiling=cap, on_exit=_on_exit)
+        _agent = new
+        _install_fork_handler()
+        atexit.unregister(_at_exit)
+        atexit.register(_at_exit)
+        new.start()
+        return new.agent_id
+
+
+def stop(timeout: float = 2.0) -> None:
+    """Stop the agent: last report, bye, thread joined, socket closed, hooks removed."""
+    global _agent
+    with _lock:
+        current, _agent = _agent, None
+    if current is not None and current.pid == os.getpid():
+        current.stop(timeout)
+    _cleanup()
+
+
+def is_running() -> bool:
+    current = _agent
+    return current is not None and current.alive and current.pid == os.getpid()
+
+
+def agent_id() -> str | None:
+    current = _agent
+    return current.agent_id if current is not None and current.pid == os.getpid() else None
+
+
+def set_budget(budget: float | str) -> None:
+    """Change the budget live (bounded by the ceiling given at start)."""
+    from agent.protocol import parse_budget
+
+    current = _agent
+    if current is not None:
+        current.set_budget(parse_budget(budget))
+
+
+def _on_exit(which: Agent) -> None:
+    # Called by the sampler thread as it ends (stop, detach from the monitor,
+    # or a fatal error). No lock here: stop() may hold it while joining us.
+    global _agent
+    if _agent is which:
+        _agent = None
+    _cleanup()
+
+
+def _cleanup() -> None:
+    if _agent is None:
+        atexit.unregister(_at_exit)
+        import sys
+
+        for path in _added_paths:
+            while path in sys.path:
+                sys.path.remove(path)
+        _added_paths.clear()
+
+
+def _at_exit() -> None:
+    # Interpreter shutdown: send what we have. Daemon threads still run here.
+    stop(timeout=1.0)
+
+
+_fork_handler_installed = False
+
+
+def _install_fork_handler() -> None:
+    # os.register_at_fork cannot be undone, so it is installed once per process
+    # and does nothing unless an agent was running when the process forked.
+    global _fork_handler_installed
+    if not _fork_handler_installed:
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+        _fork_handler_installed = True
+
+
+def _after_fork_in_child() -> None:
+    global _agent, _lock
+    parent = _agent
+    # The parent's lock may have been held by another thread at fork time,
+    # and its thread and ZeroMQ context do not exist here: start afresh.
+    _lock = threading.Lock()
+    _agent = None
+    if parent is not None:
+        for fd in (parent._wake_r, parent._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        try:
+            start(parent.endpoint, parent.budget, ceiling=parent.ceiling)
+        except Exception:  # never break the child over profiling
+            pass

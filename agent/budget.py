@@ -1,0 +1,178 @@
+"""The overhead budget: DYMON's planner (DYPER, section 4) and a local guard.
+
+Both halves are pure: no I/O, no threads, time comes in as arguments. The
+monitor and the agent run the same planner, so the agent can keep to the
+budget on its own when no monitor is connected.
+
+Budget ``B`` is the fraction of the process's wall-clock time analysis may take.
+Per proflet ``p`` the proflet supplies OVHD(p) (ms, fixed cost of one
+detailing), SLOW(p) (slowdown factor while detailing), ITVL(p) (ms, length of
+one detailing) and PRTY(p) in [0, 1]. Then, exactly as in the paper::
+
+    COST(p)  = OVHD(p) + SLOW(p) / (1 + SLOW(p)) * ITVL(p)
+    TPRI(p)  = PRTY(p) * sqrt(COST(p))
+    P        = mean PRTY over the active proflets
+    FRACT(P) = P^2/2 - 5P/4 + 1
+
+FRACT(P)*B goes to stack sampling (90%) and reporting (10%); the rest is
+shared among proflets in proportion to TPRI. A share ``s`` of the budget,
+spent on a proflet whose detailing costs COST(p), allows one detailing every
+``COST(p) / (s * B)`` ms.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+#: Sampling more often than every 2 ms buys nothing: CPython's own switch
+#: interval is 5 ms, so the sampler could not get the GIL sooner anyway.
+MIN_SAMPLE_DELAY_S = 0.002
+#: At 0.01% budget and a costly process the computed delay can reach minutes;
+#: a sample every 5 s still gives a profile over a long run and is cheap.
+MAX_SAMPLE_DELAY_S = 5.0
+#: Reports are how the user sees anything: not more than once a second (the
+#: live views refresh at that rate) ...
+MIN_REPORT_DELAY_S = 1.0
+#: ... and not less than every 30 s, so a dead connection is noticed and the
+#: agent's pending counts stay small. A report costs about 1 ms, so the floor
+#: only binds below 0.03% budget, where the guard below still holds the line.
+MAX_REPORT_DELAY_S = 30.0
+#: Detailing less often than once an hour tells the user nothing new.
+MAX_DETAIL_DELAY_S = 3600.0
+
+SAMPLING_SHARE = 0.9
+REPORTING_SHARE = 0.1
+
+
+@dataclass(frozen=True)
+class ProfletCosts:
+    """What a proflet tells the scheduler (the paper's OVHD, SLOW, ITVL, PRTY)."""
+
+    name: str
+    ovhd_ms: float
+    slow: float
+    itvl_ms: float
+    prty: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The timings the planner hands to the sampler."""
+
+    budget: float
+    fract: float
+    sample_delay_s: float
+    report_delay_s: float
+    #: proflet name -> mean delay between its detailings, in seconds
+    detail_delay_s: dict[str, float]
+    #: proflet name -> its share of the whole budget (fraction of B)
+    detail_share: dict[str, float]
+
+
+def cost(p: ProfletCosts) -> float:
+    """COST(p) in ms: fixed overhead plus the slowdown over the detailing interval."""
+    return p.ovhd_ms + p.slow / (1.0 + p.slow) * p.itvl_ms
+
+
+def tpri(p: ProfletCosts) -> float:
+    """TPRI(p): priority biased by the square root of the cost."""
+    return p.prty * math.sqrt(cost(p))
+
+
+def fract(mean_priority: float) -> float:
+    """FRACT(P): share of the budget for sampling and reporting."""
+    p = min(max(mean_priority, 0.0), 1.0)
+    return p * p / 2.0 - 5.0 * p / 4.0 + 1.0
+
+
+def _clamp(value: float, low: float, high: float) -> float:
+    return min(max(value, low), high)
+
+
+def plan(
+    budget: float,
+    sample_cost_s: float,
+    report_cost_s: float,
+    proflets: Sequence[ProfletCosts] = (),
+) -> Plan:
+    """Turn a budget and measured costs into mean delays.
+
+    ``sample_cost_s`` is the measured wall cost of one stack sample including
+    every proflet's per-sample work, ``report_cost_s`` that of encoding and
+    sending one report. Clamping only ever lengthens a delay past what the
+    budget allows, except the sampling floor, which only binds for budgets so
+    high (tens of percent with microsecond samples) that spending less is the
+    right answer anyway.
+    """
+    if budget <= 0:
+        raise ValueError("budget must be positive")
+    active = [p for p in proflets if p.prty > 0]
+    mean_prty = sum(p.prty for p in active) / len(active) if active else 0.0
+    f = fract(mean_prty)
+    sampling = f * budget * SAMPLING_SHARE
+    reporting = f * budget * REPORTING_SHARE
+    sample_delay = _clamp(sample_cost_s / sampling, MIN_SAMPLE_DELAY_S, MAX_SAMPLE_DELAY_S)
+    report_delay = _clamp(report_cost_s / reporting, MIN_REPORT_DELAY_S, MAX_REPORT_DELAY_S)
+
+    detail_delay: dict[str, float] = {}
+    detail_share: dict[str, float] = {}
+    total_tpri = sum(tpri(p) for p in active)
+    for p in proflets:
+        share = (1.0 - f) * tpri(p) / total_tpri if total_tpri > 0 and p.prty > 0 else 0.0
+        detail_share[p.name] = share
+        if share <= 0:
+            detail_delay[p.name] = math.inf
+            continue
+        # One detailing costs COST(p) ms of the process's time; at a share of
+        # the budget that is one detailing every COST / (share * B) ms.
+        delay = cost(p) / 1000.0 / (share * budget)
+        detail_delay[p.name] = min(delay, MAX_DETAIL_DELAY_S)
+    return Plan(budget, f, sample_delay, report_delay, detail_delay, detail_share)
+
+
+class Guard:
+    """Keeps the actual spend at or below the budget, whatever the estimates say.
+
+    A token bucket in seconds of process time: tokens accrue at ``budget``
+    seconds per wall-clock second, every measured cost is paid from it, and
+    while it is in debt the sampler waits until the debt is repaid. The
+    bucket's capacity bounds how much unused budget can be saved up and spent
+    in one burst, so a quiet minute cannot buy a noisy one.
+    """
+
+    def __init__(self, budget: float, now: float, capacity_s: float = 10.0) -> None:
+        self.budget = budget
+        self.capacity_s = capacity_s
+        self._tokens = 0.0
+        self._last = now
+        self.spent_s = 0.0
+        self.started = now
+
+    def set_budget(self, budget: float, now: float) -> None:
+        self._accrue(now)
+        self.budget = budget
+
+    def _accrue(self, now: float) -> None:
+        elapsed = max(0.0, now - self._last)
+        self._last = now
+        cap = self.budget * self.capacity_s
+        self._tokens = min(cap, self._tokens + elapsed * self.budget)
+
+    def charge(self, seconds: float, now: float) -> None:
+        """Pay for work that took ``seconds`` of the process's time."""
+        self._accrue(now)
+        self._tokens -= seconds
+        self.spent_s += seconds
+
+    def wait_needed(self, now: float) -> float:
+        """Seconds to wait before the next costed operation may start."""
+        self._accrue(now)
+        # A nanosecond of debt is float rounding, not overspending.
+        return 0.0 if self._tokens >= -1e-9 else -self._tokens / self.budget
+
+    def overhead(self, now: float) -> float:
+        """Fraction of wall time spent so far."""
+        elapsed = now - self.started
+        return self.spent_s / elapsed if elapsed > 0 else 0.0

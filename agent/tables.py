@@ -1,0 +1,168 @@
+"""Interning of code locations to small integers (the agent's string tables).
+
+A location is one (code object, instruction offset) pair; the monitor learns
+what it means (file, qualified name, first line, line) once, when the id is
+first sent. Afterwards a stack is a tuple of small integers, which is cheap to
+hash, count and send.
+"""
+
+from __future__ import annotations
+
+import dis
+from types import CodeType
+from typing import Final
+
+from agent.protocol import LOC_BLOCKING
+
+#: Past this many locations the tables restart under a new epoch. Holding
+#: code objects alive keeps ``id(code)`` unique, but a service that keeps
+#: compiling new code (templates, ``exec``) must not grow the agent forever.
+MAX_LOCATIONS: Final = 200_000
+
+
+#: Names of C-level routines whose call means the thread is waiting, not
+#: running: the bottom of time.sleep, lock and condition waits, joins, select
+#: and friends, socket and pipe reads, child waits. Python-level wrappers
+#: (threading, queue, selectors, socket) all end in one of these.
+BLOCKING_CALLS: Final = frozenset(
+    {
+        "sleep", "acquire", "wait", "join", "_wait_for_tstate_lock",
+        "select", "poll", "epoll", "kqueue", "control",
+        "recv", "recv_into", "recvfrom", "recvfrom_into", "recvmsg", "accept", "_accept",
+        "connect", "sendall", "getaddrinfo", "gethostbyname",
+        "read", "readinto", "readline", "waitpid", "wait4", "pause", "sigwait", "sigtimedwait",
+        "input", "communicate", "lockf", "flock",
+    }
+)  # fmt: skip
+
+_CALLS = frozenset({"CALL", "CALL_FUNCTION_EX", "CALL_KW"})
+# PUSH_NULL only adds the NULL beside the callable (3.11+ calling convention).
+_SKIP = frozenset({"PRECALL", "KW_NAMES", "CACHE", "EXTENDED_ARG", "NOP", "PUSH_NULL"})
+
+
+def _effect(ins: dis.Instruction) -> int:
+    if ins.opcode >= dis.HAVE_ARGUMENT:
+        return dis.stack_effect(ins.opcode, ins.arg)
+    return dis.stack_effect(ins.opcode)
+
+_LOADS = frozenset(
+    {"LOAD_ATTR", "LOAD_METHOD", "LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_FAST", "LOAD_SUPER_ATTR"}
+)
+
+
+def callee_name(code: CodeType, lasti: int) -> str | None:
+    """Best guess at the name of what the call instruction at ``lasti`` calls.
+
+    Walks back from the call, adding up stack effects, to the instruction
+    that pushed the callable (past the arguments): for ``time.sleep(1)`` or
+    ``self._selector.poll(t, n)`` that is the load of ``sleep`` or ``poll``.
+    Runs once per location, never on the sampler's fast path.
+    """
+    try:
+        before: list[dis.Instruction] = []
+        call = None
+        for ins in dis.get_instructions(code):
+            if ins.offset == lasti:
+                call = ins
+                break
+            if ins.offset > lasti:
+                return None
+            before.append(ins)
+        if call is None or call.opname not in _CALLS:
+            return None
+        if call.opname == "CALL_FUNCTION_EX":
+            args = 1 + ((call.arg or 0) & 1)  # positional tuple, maybe a kwargs dict
+        else:
+            args = (call.arg or 0) + (1 if call.opname == "CALL_KW" else 0)
+        # Backwards: the first instruction that takes the depth past the
+        # arguments is the one that pushed the callable's root (``time`` in
+        # ``time.sleep``) ...
+        steps = [ins for ins in before if ins.opname not in _SKIP]
+        depth = 0
+        for i in range(len(steps) - 1, -1, -1):
+            depth += _effect(steps[i])
+            if depth > args:
+                break
+        else:
+            return None
+        name = steps[i].argval if steps[i].opname in _LOADS else None
+        # ... forwards: attribute loads applied to it at the same depth (``.sleep``)
+        # refine it into the callable itself.
+        depth = 0
+        for ins in steps[i + 1 :]:
+            if depth == 0 and ins.opname in ("LOAD_ATTR", "LOAD_METHOD"):
+                name = ins.argval
+            depth += _effect(ins)
+        return name if isinstance(name, str) else None
+    except Exception:  # odd code objects must never break sampling
+        return None
+    return None
+
+
+class Tables:
+    """String and location tables with a record of what the monitor already has."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.strings: dict[str, int] = {}
+        self.string_rows: list[list[int | str]] = []
+        #: (f_lasti << 48) | id(code) -> location id; the sampler's hot lookup
+        self.locs: dict[int, int] = {}
+        self.loc_rows: list[list[int]] = []
+        # Strong references so that id(code) is never reused by a new object
+        # while it is a key above.
+        self._codes: list[CodeType] = []
+        self.sent_strings = 0
+        self.sent_locs = 0
+
+    def string(self, text: str) -> int:
+        sid = self.strings.get(text)
+        if sid is None:
+            sid = len(self.string_rows)
+            self.strings[text] = sid
+            self.string_rows.append([sid, text])
+        return sid
+
+    def new_loc(self, key: int, code: CodeType, lasti: int, lineno: int | None) -> int:
+        """Intern a location seen for the first time (the sampler's slow path).
+
+        ``key`` is ``(lasti << 48) | id(code)``, built the same way by the
+        Python and the C walker.
+        """
+        loc = len(self.loc_rows)
+        self.locs[key] = loc
+        self._codes.append(code)
+        self.loc_rows.append(
+            [
+                loc,
+                self.string(code.co_filename),
+                self.string(code.co_qualname),
+                code.co_firstlineno,
+                lineno if lineno is not None else code.co_firstlineno,
+                LOC_BLOCKING if callee_name(code, lasti) in BLOCKING_CALLS else 0,
+            ]
+        )
+        return loc
+
+    def full(self) -> bool:
+        return len(self.loc_rows) >= MAX_LOCATIONS
+
+    def restart(self) -> None:
+        """Forget everything and start a new epoch (the monitor is told by the epoch)."""
+        self.epoch += 1
+        self._reset()
+
+    def unsent(self) -> tuple[list[list[int | str]], list[list[int]]]:
+        return self.string_rows[self.sent_strings :], self.loc_rows[self.sent_locs :]
+
+    def mark_sent(self, n_strings: int, n_locs: int) -> None:
+        self.sent_strings = n_strings
+        self.sent_locs = n_locs
+
+    def resend_all(self) -> None:
+        """The monitor lost our tables (it restarted): send them again in full."""
+        self.sent_strings = 0
+        self.sent_locs = 0

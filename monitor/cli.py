@@ -1,0 +1,48 @@
+"""``dyper``: the command line."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from monitor.commands import CliError
+
+COMMANDS = ("run", "attach", "detach", "monitor", "top", "ps", "budget", "demo")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dyper",
+        description="Low-overhead profiling of running Python services, inside an overhead budget.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        module = importlib.import_module(f"monitor.commands.{name}")
+        doc = (module.__doc__ or "").strip()
+        p = sub.add_parser(
+            name, help=doc.splitlines()[0], description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+        )
+        module.add_arguments(p)
+        p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "_module", None) is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args._module.run(args))
+    except CliError as exc:
+        print(f"dyper {args.command}: error: {exc}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""One module per ``dyper`` subcommand.
+
+Each module defines ``NAME``, ``add_arguments(parser)`` and ``run(args) -> int``;
+its docstring is the help text. Errors meant for the user are raised as
+:class:`CliError` with a one-line message and the exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from agent.protocol import parse_budget
+
+
+class CliError(Exception):
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def budget_arg(text: str) -> float:
+    try:
+        return parse_budget(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def pid_arg(text: str) -> int:
+    try:
+        pid = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a process id") from None
+    if pid <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a process id")
+    return pid
+
+
+def duration_arg(text: str) -> float:
+    try:
+        value = float(text.rstrip("s"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"duration {text!r} is not a number of seconds") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError("duration must be positive")
+    return value
+
+
+def add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="write the profile when done; format by extension: .collapsed, .speedscope.json, .json",
+    )
+    parser.add_argument(
+        "--metric",
+        choices=("cpu", "wall"),
+        default="cpu",
+        help="cpu leaves out samples of threads blocked in sleep/lock/I/O calls (default); wall keeps them",
+    )
+    parser.add_argument(
+        "--libraries",
+        action="store_true",
+        help="charge time inside the standard library and installed packages to the calling application line",
+    )

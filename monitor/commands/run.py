@@ -1,0 +1,170 @@
+"""Run a program with dyper's agent and show where its time goes, live.
+
+    dyper run [--budget 1%] [--duration S] [-o FILE] -- python app.py [args...]
+
+Works for any command that starts Python: a script, ``-m module``, or a
+console script such as gunicorn. Without --monitor the CLI hosts the monitor
+and shows the live view until the program exits, --duration passes (the
+program is then stopped) or Ctrl-C. With --monitor the agent streams to that
+standing monitor instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+
+from monitor.commands import CliError, add_output_arguments, budget_arg, duration_arg
+from monitor.embedded import Monitor, Options, finish_output, profile_target
+
+NAME = "run"
+AUTOSTART_DIR = str(Path(__file__).resolve().parent.parent / "autostart")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--budget", type=budget_arg, default=0.01, help="overhead budget, e.g. 1%% (default 1%%)")
+    parser.add_argument("--duration", type=duration_arg, help="stop after this many seconds")
+    parser.add_argument("--monitor", metavar="ENDPOINT", help="stream to a standing monitor (dyper monitor)")
+    parser.add_argument("--window", type=duration_arg, help="live view over the last N seconds only")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no live view, only the final summary")
+    add_output_arguments(parser)
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the program to run, after --")
+
+
+class Child:
+    """The program we started."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, log: Path | None) -> None:
+        self.proc = proc
+        self.pid = proc.pid
+        self.log = log
+
+    def done(self) -> bool:
+        return self.proc.returncode is not None
+
+    async def finish(self, monitor: Monitor | None, reason: str) -> None:
+        if self.done():
+            return
+        if reason == "duration" and monitor is not None:
+            from monitor.embedded import detach_via
+
+            await detach_via(monitor, self.pid)
+        # Ctrl-C already reached the child through the terminal; give it a moment.
+        for sig, wait in ((None, 3.0 if reason == "interrupted" else 0.0), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+            if sig is not None and self.proc.returncode is None:
+                self.proc.send_signal(sig)
+            try:
+                await asyncio.wait_for(self.proc.wait(), timeout=wait)
+                return
+            except TimeoutError:
+                continue
+
+
+def child_env(endpoint: str, budget: float, errfile: str | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["DYPER_MONITOR"] = endpoint
+    env["DYPER_BUDGET"] = repr(budget)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (AUTOSTART_DIR, env.get("PYTHONPATH", "")) if p)
+    if errfile:
+        env["DYPER_ERRFILE"] = errfile
+    return env
+
+
+def _command(args: argparse.Namespace) -> list[str]:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise CliError("give the program to run after --, e.g. dyper run -- python app.py", code=2)
+    if shutil.which(command[0]) is None and not os.path.exists(command[0]):
+        raise CliError(f"{command[0]}: command not found", code=2)
+    return command
+
+
+def run(args: argparse.Namespace) -> int:
+    command = _command(args)
+    console = Console()
+    if args.monitor:
+        return _run_with_standing_monitor(args, command, console)
+    live = not args.quiet and console.is_terminal
+    workdir = Path(tempfile.mkdtemp(prefix="dyper-run-"))
+    errfile = str(workdir / "agent-errors.log")
+    log = workdir / "output.log" if live else None
+
+    async def start(endpoint: str) -> Child:
+        out = open(log, "wb") if log is not None else None  # noqa: SIM115  closed with the child
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *command, env=child_env(endpoint, args.budget, errfile), stdout=out, stderr=out
+            )
+        finally:
+            if out is not None:
+                out.close()
+        return Child(proc, log)
+
+    options = Options(args.duration, args.output, args.metric, args.libraries, live, args.window)
+    try:
+        child, profile = asyncio.run(profile_target(start, options, console))
+    except OSError as exc:
+        raise CliError(f"cannot start {command[0]}: {exc}") from None
+    assert isinstance(child, Child)
+    if log is not None and log.exists():
+        tail = log.read_bytes()[-4000:].decode(errors="replace")
+        if tail.strip():
+            console.print(f"[dim]program output (last lines; all of it in {log}):[/]")
+            sys.stdout.write(tail if tail.endswith("\n") else tail + "\n")
+    errors = Path(errfile).read_text() if os.path.exists(errfile) else ""
+    if errors:
+        sys.stderr.write(errors)
+    try:
+        finish_output(profile, options, console, child.pid)
+    except RuntimeError as exc:
+        raise CliError(str(exc)) from None
+    if log is None:
+        shutil.rmtree(workdir, ignore_errors=True)
+    code = child.proc.returncode
+    return 0 if code is None or code < 0 else code
+
+
+def _run_with_standing_monitor(args: argparse.Namespace, command: list[str], console: Console) -> int:
+    from agent import check_endpoint
+    from monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
+
+    try:
+        check_endpoint(args.monitor)
+    except ValueError as exc:
+        raise CliError(str(exc), code=2) from None
+    with MonitorClient(args.monitor) as client:
+        try:
+            client.call("ping")
+        except MonitorUnreachable as exc:
+            raise CliError(str(exc)) from None
+        proc = subprocess.Popen(command, env=child_env(args.monitor, args.budget))
+        try:
+            proc.wait(timeout=args.duration)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            proc.wait()
+        except KeyboardInterrupt:
+            proc.wait()
+        if args.output:
+            from monitor.exports import exporter_for
+            from monitor.profile import Profile
+
+            try:
+                data = client.call("profile", pid=proc.pid)
+            except (MonitorRefused, MonitorUnreachable) as exc:
+                raise CliError(f"cannot fetch the profile: {exc}") from None
+            profile = Profile.from_json(data, f"monitor's profile of {proc.pid}")
+            exporter_for(args.output, args.metric, args.libraries).write(profile, args.output)
+            console.print(f"profile written to [bold]{args.output}[/]")
+    return 0 if proc.returncode is None or proc.returncode < 0 else proc.returncode

@@ -1,0 +1,82 @@
+"""Live top-functions view of a process streaming to a standing monitor.
+
+    dyper top [PID] [--monitor ENDPOINT] [--window S] [--once]
+
+Without PID: the only process the monitor knows, or a list to choose from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from agent import DEFAULT_MONITOR
+from monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
+from monitor.commands import CliError, duration_arg, pid_arg
+from monitor.views import render_top
+
+NAME = "top"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("pid", type=pid_arg, nargs="?")
+    parser.add_argument("--monitor", metavar="ENDPOINT", default=DEFAULT_MONITOR,
+                        help=f"the standing monitor (default {DEFAULT_MONITOR})")
+    parser.add_argument("--window", type=duration_arg, help="the last N seconds only (default: whole run)")
+    parser.add_argument("--libraries", action="store_true", help="charge library time to the calling app line")
+    parser.add_argument("--once", action="store_true", help="print the view once and exit")
+    parser.add_argument("--json", action="store_true", help="print the view once as JSON and exit")
+
+
+def _sessions_table(sessions: list[dict[str, Any]]) -> Table:
+    table = Table(title="processes known to the monitor: dyper top PID to watch one", header_style="bold")
+    for col in ("pid", "state", "samples", "overhead", "budget", "command"):
+        table.add_column(col)
+    for s in sessions:
+        table.add_row(
+            str(s["pid"]), "attached" if s["connected"] else "gone", f"{s['samples']:,}",
+            f"{100 * s['overhead']:.2f}%", f"{100 * s['budget']:.2f}%", " ".join(s["argv"])[:80],
+        )
+    return table
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console()
+    with MonitorClient(args.monitor) as client:
+        try:
+            pid = args.pid
+            if pid is None:
+                sessions = client.call("sessions")
+                live = [s for s in sessions if s["connected"]]
+                if len(live) == 1:
+                    pid = live[0]["pid"]
+                else:
+                    console.print(_sessions_table(sessions))
+                    return 0 if sessions else 1
+            view_args = {"pid": pid, "libraries": args.libraries}
+            if args.window:
+                view_args["window_s"] = args.window
+            if args.json or args.once:
+                view = client.call("top", **view_args)
+                if args.json:
+                    import json
+
+                    print(json.dumps(view))
+                else:
+                    console.print(render_top(view))
+                return 0
+            with Live(console=console, refresh_per_second=2, screen=False) as live_view:
+                while True:
+                    live_view.update(render_top(client.call("top", **view_args), title="Ctrl-C to quit"))
+                    time.sleep(1.0)
+        except MonitorUnreachable as exc:
+            raise CliError(str(exc)) from None
+        except MonitorRefused as exc:
+            raise CliError(str(exc)) from None
+        except KeyboardInterrupt:
+            return 0

@@ -1,0 +1,204 @@
+"""Profiling one target from the CLI: live view until it ends, then the result.
+
+``dyper run`` and ``dyper attach`` share this driver. Without ``--monitor``
+it hosts a monitor on a random loopback port inside the CLI process, shows
+the live view while the target runs, and at the end (program exit,
+``--duration``, Ctrl-C) collects the last report, writes ``-o`` and prints
+a summary. With ``--monitor`` the views come from the standing monitor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from rich.console import Console
+
+from agent import protocol
+from monitor.exports import exporter_for
+from monitor.profile import Profile
+from monitor.server import Monitor
+from monitor.session import Session
+from monitor.views import render_top, render_waiting, top_view
+
+#: How long to wait for an agent's last report and bye at the end.
+FINAL_REPORT_WAIT_S = 3.0
+REFRESH_S = 1.0
+
+
+class Target(Protocol):
+    pid: int
+
+    def done(self) -> bool: ...
+
+    async def finish(self, monitor: Monitor | None, reason: str) -> None: ...
+
+
+@dataclass
+class Options:
+    duration: float | None = None
+    output: str | None = None
+    metric: str = "cpu"
+    libraries: bool = False
+    live: bool = True
+    window_s: float | None = None
+    log_lines: list[str] = field(default_factory=list)
+
+
+def _session(monitor: Monitor, pid: int) -> Session | None:
+    session = monitor.session_for(pid)
+    if session is None and len(monitor.sessions) == 1:
+        # `dyper run -- sh -c "python app.py"`: the Python process is a child
+        # of the one we started; show whichever process reported.
+        session = next(iter(monitor.sessions.values()))
+    return session
+
+
+async def profile_target(
+    start: Callable[[str], Awaitable[Target]],
+    options: Options,
+    console: Console,
+) -> tuple[Target, Profile | None]:
+    """Host a monitor, start the target against it, show it live, finish it."""
+    monitor = Monitor("tcp://127.0.0.1:0")
+    endpoint = monitor.bind()
+    stop = asyncio.Event()
+    server = asyncio.create_task(monitor.serve(stop))
+    interrupted = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        loop.add_signal_handler(signal.SIGINT, interrupted.set)
+        loop.add_signal_handler(signal.SIGTERM, interrupted.set)
+    target: Target | None = None
+    try:
+        target = await start(endpoint)
+        began = time.monotonic()
+        reason = await _watch(monitor, target, options, console, interrupted, began)
+        await target.finish(monitor, reason)
+        await _await_final_reports(monitor, target.pid)
+        session = _session(monitor, target.pid)
+        profile = Profile.from_session(session) if session is not None else None
+        return target, profile
+    finally:
+        with contextlib.suppress(Exception):
+            loop.remove_signal_handler(signal.SIGINT)
+            loop.remove_signal_handler(signal.SIGTERM)
+        stop.set()
+        await server
+        monitor.close()
+
+
+async def _watch(
+    monitor: Monitor,
+    target: Target,
+    options: Options,
+    console: Console,
+    interrupted: asyncio.Event,
+    began: float,
+) -> str:
+    """Show the live view until the target ends, the duration passes or Ctrl-C."""
+    live = None
+    if options.live and console.is_terminal:
+        from rich.live import Live
+
+        live = Live(render_waiting("waiting for the agent's first report", began), console=console,
+                    refresh_per_second=4, transient=True)
+        live.start()
+    try:
+        while True:
+            if target.done():
+                return "exited"
+            if interrupted.is_set():
+                return "interrupted"
+            if options.duration is not None and time.monotonic() - began >= options.duration:
+                return "duration"
+            if live is not None:
+                session = _session(monitor, target.pid)
+                if session is not None and session.reports:
+                    view = top_view(session, options.window_s, charge_libraries=options.libraries)
+                    live.update(render_top(view, title=_title(options)))
+                else:
+                    live.update(render_waiting("waiting for the agent's first report", began))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(interrupted.wait(), timeout=0.25 if live is None else REFRESH_S / 2)
+    finally:
+        if live is not None:
+            live.stop()
+
+
+def _title(options: Options) -> str:
+    window = "last %.0fs" % options.window_s if options.window_s else "whole run"
+    return f"top functions by self cpu ({window}); Ctrl-C to stop"
+
+
+async def _await_final_reports(monitor: Monitor, pid: int) -> None:
+    deadline = time.monotonic() + FINAL_REPORT_WAIT_S
+    while time.monotonic() < deadline:
+        session = _session(monitor, pid)
+        if session is not None and not session.connected:
+            return
+        await asyncio.sleep(0.05)
+
+
+async def detach_via(monitor: Monitor, pid: int) -> bool:
+    """Ask the agents of ``pid`` to detach; True once they said bye."""
+    if monitor.send_to_pid(pid, protocol.DETACH, {}) == 0:
+        return False
+    deadline = time.monotonic() + FINAL_REPORT_WAIT_S
+    while time.monotonic() < deadline:
+        session = monitor.session_for(pid)
+        if session is not None and not session.connected:
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+def finish_output(profile: Profile | None, options: Options, console: Console, pid: int) -> None:
+    """Write ``-o`` and print the summary table."""
+    if profile is None or not profile.stacks:
+        console.print(f"[yellow]dyper: no samples were received from process {pid}[/]")
+        if options.output:
+            raise RuntimeError("no profile to write: the agent sent no samples")
+        return
+    if options.output:
+        exporter = exporter_for(options.output, options.metric, options.libraries)
+        exporter.write(profile, Path(options.output))
+    view = summary_view(profile, options)
+    console.print(render_top(view, title="summary: top functions by self " + options.metric))
+    if options.output:
+        console.print(f"profile written to [bold]{options.output}[/]")
+
+
+def summary_view(profile: Profile, options: Options) -> dict[str, Any]:
+    from monitor.profile import DEFAULT_FLOOR_PCT
+
+    rows = profile.functions(options.metric, charge_libraries=options.libraries, floor_pct=DEFAULT_FLOOR_PCT)
+    p = profile.process
+    duration = float(p.get("duration_s") or 0.0)
+    return {
+        "session": {
+            "pid": p.get("pid"),
+            "argv": p.get("argv", []),
+            "connected": False,
+            "samples": p.get("samples", 0),
+            "budget": p.get("budget", 0.0),
+            "overhead": p.get("overhead", 0.0),
+            "errors": [],
+        },
+        "samples_per_s": (p.get("samples", 0) / duration) if duration > 0 else 0.0,
+        "cpu_samples": profile.total("cpu"),
+        "wall_samples": profile.total("wall"),
+        "functions": rows[:20],
+        "dropped": p.get("dropped", {}),
+    }
+
+
+def stderr_console() -> Console:
+    return Console(file=sys.stderr)

@@ -1,0 +1,266 @@
+"""Profiles: a frozen snapshot of counts, and the pure analyses over it.
+
+A :class:`Profile` is what every view, export and saved file works from: the
+frames it uses, flat ``(thread, stack) -> (wall, cpu)`` counts with stacks
+root first, the thread names and what is known about the process. It comes
+from a live session (:meth:`Profile.from_session`) or from dyper's own JSON
+(:meth:`Profile.load`), and the analyses below are pure functions of it.
+
+Two metrics: ``wall`` counts every sample of every thread; ``cpu`` leaves out
+samples whose leaf is a blocking call (sleep, lock wait, select, socket
+read...), so a sleeping main thread does not hide where the work is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from monitor.session import Frame, Session
+
+FORMAT = "dyper-profile"
+FORMAT_VERSION = 1
+
+#: DYPER's cpu proflet shows only what is above 0.5%: below it a sampling
+#: profile is mostly noise.
+DEFAULT_FLOOR_PCT = 0.5
+
+Metric = str  # "cpu" or "wall"
+
+
+@dataclass(frozen=True)
+class StackCount:
+    thread: int
+    frames: tuple[int, ...]  # indexes into Profile.frames, root first
+    wall: int
+    cpu: int
+
+
+@dataclass
+class Profile:
+    frames: list[Frame]
+    stacks: list[StackCount]
+    threads: dict[int, str] = field(default_factory=dict)
+    process: dict[str, Any] = field(default_factory=dict)
+    #: the target's sysconfig paths, to tell library code from application code
+    paths: dict[str, str] = field(default_factory=dict)
+
+    # --- construction ---------------------------------------------------------------
+
+    @classmethod
+    def from_session(cls, session: Session, window_s: float | None = None) -> Profile:
+        counts, samples = session.window_counts(window_s)
+        # Re-index so the profile carries only the frames it uses.
+        index: dict[int, int] = {}
+        frames: list[Frame] = []
+        stacks: list[StackCount] = []
+        for (tid, stack), (wall, cpu) in counts.items():
+            local = []
+            for fid in stack:
+                i = index.get(fid)
+                if i is None:
+                    i = index[fid] = len(frames)
+                    frames.append(session.frames.frames[fid])
+                local.append(i)
+            stacks.append(StackCount(tid, tuple(local), wall, cpu))
+        hello = session.hello
+        process = {
+            "pid": session.pid,
+            "host": session.key[0],
+            "start_time": session.key[2],
+            "argv": list(hello.get("argv", [])),
+            "python": hello.get("python", ""),
+            "executable": hello.get("executable", ""),
+            "cpus": hello.get("cpus"),
+            "budget": session.budget(),
+            "overhead": session.overhead(),
+            "duration_s": session.duration_s() if window_s is None else window_s,
+            "samples": samples,
+            "window_s": window_s,
+            "dropped": _sum_dropped(session),
+        }
+        return cls(frames, stacks, dict(session.threads), process, dict(hello.get("paths") or {}))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Profile:
+        """Read dyper's own JSON profile (see :meth:`to_json`)."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"cannot read profile {path}: {exc}") from None
+        return cls.from_json(data, str(path))
+
+    @classmethod
+    def from_json(cls, data: Any, origin: str = "profile") -> Profile:
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ValueError(f"{origin} is not a dyper profile (no \"format\": \"{FORMAT}\")")
+        if data.get("version") != FORMAT_VERSION:
+            raise ValueError(f"{origin}: profile format version {data.get('version')} is not supported")
+        try:
+            frames = [Frame(str(f[0]), str(f[1]), int(f[2]), int(f[3])) for f in data["frames"]]
+            stacks = [
+                StackCount(int(s[0]), tuple(int(i) for i in s[3]), int(s[1]), int(s[2])) for s in data["stacks"]
+            ]
+            threads = {int(k): str(v) for k, v in data.get("threads", {}).items()}
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise ValueError(f"{origin}: malformed dyper profile ({type(exc).__name__}: {exc})") from None
+        if any(i >= len(frames) or i < 0 for s in stacks for i in s.frames):
+            raise ValueError(f"{origin}: malformed dyper profile (frame index out of range)")
+        return cls(frames, stacks, threads, dict(data.get("process", {})), dict(data.get("paths", {})))
+
+    def to_json(self) -> dict[str, Any]:
+        """dyper's own profile format, version 1.
+
+        ``frames``: ``[file, qualname, first line, line]``; ``stacks``:
+        ``[thread ident, wall samples, cpu samples, [frame indexes, root first]]``;
+        ``threads``: ident (as a string) -> name; ``process``: pid, host,
+        argv, python, budget, overhead, duration_s, samples; ``paths``: the
+        target's sysconfig paths.
+        """
+        return {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "process": self.process,
+            "paths": self.paths,
+            "threads": {str(k): v for k, v in self.threads.items()},
+            "frames": [[f.file, f.name, f.firstline, f.line] for f in self.frames],
+            "stacks": [[s.thread, s.wall, s.cpu, list(s.frames)] for s in self.stacks],
+        }
+
+    # --- analyses --------------------------------------------------------------------
+
+    def total(self, metric: Metric = "cpu") -> int:
+        return sum(_value(s, metric) for s in self.stacks)
+
+    def library_predicate(self) -> Callable[[str], bool]:
+        """True for files of the standard library or installed packages of the target."""
+        roots = sorted(
+            {os.path.normpath(p) + os.sep for k, p in self.paths.items() if k in _LIBRARY_PATHS and p},
+            key=len,
+            reverse=True,
+        )
+
+        def is_library(file: str) -> bool:
+            return file.startswith("<frozen") or any(file.startswith(r) for r in roots)
+
+        return is_library
+
+    def charged_stacks(self, charge_libraries: bool) -> Iterable[tuple[StackCount, tuple[int, ...]]]:
+        """Stacks, with library frames below the last application frame cut off when asked.
+
+        Cutting them charges the time spent inside the standard library or a
+        package to the application line that called it (DYPER's cpu proflet).
+        """
+        if not charge_libraries:
+            for s in self.stacks:
+                yield s, s.frames
+            return
+        is_library = self.library_predicate()
+        app = [not is_library(f.file) for f in self.frames]
+        for s in self.stacks:
+            frames = s.frames
+            cut = len(frames)
+            while cut > 0 and not app[frames[cut - 1]]:
+                cut -= 1
+            yield s, (frames[:cut] if cut > 0 else frames)
+
+    def functions(
+        self, metric: Metric = "cpu", *, charge_libraries: bool = False, floor_pct: float = 0.0
+    ) -> list[dict[str, Any]]:
+        """Per function: self and total samples and percentages, sorted by self."""
+        return self._table(metric, charge_libraries, floor_pct, lambda f: f.function)
+
+    def lines(
+        self, metric: Metric = "cpu", *, charge_libraries: bool = False, floor_pct: float = 0.0
+    ) -> list[dict[str, Any]]:
+        """Per line: self and total samples and percentages, sorted by self."""
+        return self._table(metric, charge_libraries, floor_pct, lambda f: (f.file, f.name, f.line))
+
+    def _table(
+        self,
+        metric: Metric,
+        charge_libraries: bool,
+        floor_pct: float,
+        key_of: Callable[[Frame], tuple[str, str, int]],
+    ) -> list[dict[str, Any]]:
+        keys = [key_of(f) for f in self.frames]
+        self_counts: dict[tuple[str, str, int], int] = {}
+        total_counts: dict[tuple[str, str, int], int] = {}
+        grand = 0
+        for s, frames in self.charged_stacks(charge_libraries):
+            n = _value(s, metric)
+            if n == 0 or not frames:
+                continue
+            grand += n
+            leaf = keys[frames[-1]]
+            self_counts[leaf] = self_counts.get(leaf, 0) + n
+            # A recursive function is counted once per stack, not once per frame.
+            for k in {keys[i] for i in frames}:
+                total_counts[k] = total_counts.get(k, 0) + n
+        rows = []
+        for k, total in total_counts.items():
+            own = self_counts.get(k, 0)
+            total_pct = 100.0 * total / grand if grand else 0.0
+            if total_pct < floor_pct:
+                continue
+            rows.append(
+                {
+                    "name": k[1],
+                    "file": k[0],
+                    "line": k[2],
+                    "self": own,
+                    "total": total,
+                    "self_pct": 100.0 * own / grand if grand else 0.0,
+                    "total_pct": total_pct,
+                }
+            )
+        rows.sort(key=lambda r: (-r["self"], -r["total"], r["name"]))
+        return rows
+
+    def tree(self, metric: Metric = "cpu", *, charge_libraries: bool = False) -> Node:
+        """The call tree (all threads merged under one root)."""
+        root = Node("<all>", None)
+        for s, frames in self.charged_stacks(charge_libraries):
+            n = _value(s, metric)
+            if n == 0:
+                continue
+            node = root
+            node.total += n
+            for i in frames:
+                child = node.children.get(i)
+                if child is None:
+                    child = node.children[i] = Node(self.frames[i].label(), i)
+                child.total += n
+                node = child
+            node.self += n
+        return root
+
+
+@dataclass
+class Node:
+    """A call-tree node: ``total`` includes descendants, ``self`` does not."""
+
+    label: str
+    frame: int | None
+    self: int = 0
+    total: int = 0
+    children: dict[int, Node] = field(default_factory=dict)
+
+
+_LIBRARY_PATHS = ("stdlib", "platstdlib", "purelib", "platlib")
+
+
+def _value(s: StackCount, metric: Metric) -> int:
+    return s.cpu if metric == "cpu" else s.wall
+
+
+def _sum_dropped(session: Session) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for a in session.agents.values():
+        for k, v in a.dropped.items():
+            total[k] = total.get(k, 0) + v
+    return total

@@ -1,0 +1,239 @@
+"""Sessions: what the monitor knows about each profiled process.
+
+One session per process, keyed by (host, pid, process start time), so a
+re-attach to the same process continues its session and a new process that
+happens to reuse a pid does not. Each agent incarnation inside a process
+(attach, detach, attach again; the child after a fork is its own process)
+has its own string tables, mapped here onto the monitor's global frame table.
+
+Ingest is cheap and incremental: a report adds its counts to the session's
+whole-run table and is kept, bounded by age, for time windows ("now").
+Trees are built only when someone looks (see :mod:`monitor.profile`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.protocol import LOC_BLOCKING
+
+#: (host, pid, process start time)
+SessionKey = tuple[str, int, float]
+#: index into FrameTable.frames
+FrameId = int
+#: (thread ident, frame ids root first)
+StackKey = tuple[int, tuple[FrameId, ...]]
+
+#: How long per-report deltas are kept for "now" windows.
+WINDOW_RETENTION_S = 600.0
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One code location: a line inside a function."""
+
+    file: str
+    name: str  # qualified name
+    firstline: int
+    line: int
+
+    @property
+    def function(self) -> tuple[str, str, int]:
+        return (self.file, self.name, self.firstline)
+
+    def label(self) -> str:
+        return f"{self.name} ({self.file}:{self.line})"
+
+
+class FrameTable:
+    """Interns frames monitor-wide, so profiles of many processes merge by id."""
+
+    def __init__(self) -> None:
+        self.frames: list[Frame] = []
+        self._ids: dict[Frame, FrameId] = {}
+
+    def intern(self, frame: Frame) -> FrameId:
+        fid = self._ids.get(frame)
+        if fid is None:
+            fid = len(self.frames)
+            self._ids[frame] = fid
+            self.frames.append(frame)
+        return fid
+
+
+class UnknownLocation(KeyError):
+    """A report refers to a location the monitor never received (tables lost)."""
+
+
+@dataclass
+class AgentState:
+    """One agent incarnation's tables and status."""
+
+    agent_id: str
+    epoch: int = 0
+    strings: dict[int, str] = field(default_factory=dict)
+    #: agent location id -> (global frame id, blocking flag)
+    locs: dict[int, tuple[FrameId, bool]] = field(default_factory=dict)
+    connected: bool = True
+    last_seen: float = 0.0
+    last_seq: int = -1
+    budget: float = 0.0
+    spent_s: float = 0.0
+    elapsed_s: float = 0.0
+    delays: dict[str, float] = field(default_factory=dict)
+    dropped: dict[str, int] = field(default_factory=dict)
+    attach_token: str | None = None
+
+
+@dataclass
+class Window:
+    """Counts of one report, kept for time-window views."""
+
+    t: float
+    samples: int
+    counts: dict[StackKey, list[int]]
+
+
+class Session:
+    """A profiled process as seen by the monitor."""
+
+    def __init__(self, key: SessionKey, hello: dict[str, Any], frames: FrameTable) -> None:
+        self.key = key
+        self.hello = hello
+        self.frames = frames
+        self.first_seen = time.time()
+        self.agents: dict[str, AgentState] = {}
+        #: whole run: stack -> [wall samples, cpu samples]
+        self.counts: dict[StackKey, list[int]] = {}
+        self.threads: dict[int, str] = {}
+        self.samples = 0
+        self.windows: deque[Window] = deque()
+        self.errors: deque[str] = deque(maxlen=50)
+        self.reports = 0
+        self.last_report_t = 0.0
+        #: overhead spent vs budget over time: (t, budget, spent fraction)
+        self.overhead_history: deque[tuple[float, float, float]] = deque(maxlen=3600)
+
+    @property
+    def pid(self) -> int:
+        return self.key[1]
+
+    @property
+    def connected(self) -> bool:
+        return any(a.connected for a in self.agents.values())
+
+    def budget(self) -> float:
+        live = [a for a in self.agents.values() if a.connected] or list(self.agents.values())
+        return live[-1].budget if live else float(self.hello.get("budget", 0.0))
+
+    def overhead(self) -> float:
+        """Fraction of wall time the agents report having spent, over their lifetimes."""
+        spent = sum(a.spent_s for a in self.agents.values())
+        elapsed = sum(a.elapsed_s for a in self.agents.values())
+        return spent / elapsed if elapsed > 0 else 0.0
+
+    def duration_s(self) -> float:
+        return sum(a.elapsed_s for a in self.agents.values())
+
+    def add_agent(self, hello: dict[str, Any]) -> AgentState:
+        state = self.agents.get(hello["agent"])
+        if state is None:
+            state = AgentState(hello["agent"])
+            self.agents[state.agent_id] = state
+        state.connected = True
+        state.last_seen = time.time()
+        state.budget = float(hello["budget"])
+        state.attach_token = hello.get("attach_token")
+        self.hello = hello
+        return state
+
+    def ingest(self, state: AgentState, report: dict[str, Any]) -> None:
+        """Add one report's deltas. Raises :class:`UnknownLocation` before changing anything."""
+        if report["epoch"] != state.epoch:
+            state.epoch = report["epoch"]
+            state.strings.clear()
+            state.locs.clear()
+        strings = state.strings
+        for sid, text in report["strings"]:
+            strings[sid] = text
+        new_locs: dict[int, tuple[FrameId, bool]] = {}
+        for lid, file_sid, name_sid, firstline, line, flags in report["locs"]:
+            try:
+                frame = Frame(strings[file_sid], strings[name_sid], firstline, line)
+            except KeyError:
+                raise UnknownLocation(lid) from None
+            new_locs[lid] = (self.frames.intern(frame), bool(flags & LOC_BLOCKING))
+        state.locs.update(new_locs)
+        locs = state.locs
+        # Resolve everything first so a report with a hole changes nothing.
+        resolved: list[tuple[StackKey, int, bool]] = []
+        for tid, count, stack in report["stacks"]:
+            try:
+                mapped = [locs[lid] for lid in reversed(stack)]
+            except KeyError as exc:
+                raise UnknownLocation(exc.args[0]) from None
+            blocking = bool(mapped) and mapped[-1][1]
+            resolved.append(((tid, tuple(fid for fid, _ in mapped)), count, blocking))
+
+        window: dict[StackKey, list[int]] = {}
+        for key, count, blocking in resolved:
+            cpu = 0 if blocking else count
+            slot = self.counts.get(key)
+            if slot is None:
+                self.counts[key] = [count, cpu]
+            else:
+                slot[0] += count
+                slot[1] += cpu
+            wslot = window.get(key)
+            if wslot is None:
+                window[key] = [count, cpu]
+            else:
+                wslot[0] += count
+                wslot[1] += cpu
+        for tid, name in report.get("threads") or ():
+            self.threads[tid] = name
+        self.samples += report["samples"]
+        self.reports += 1
+        t = float(report["t"])
+        self.last_report_t = t
+        self.windows.append(Window(t, report["samples"], window))
+        while self.windows and self.windows[0].t < t - WINDOW_RETENTION_S:
+            self.windows.popleft()
+        state.last_seen = time.time()
+        state.last_seq = report["seq"]
+        if report.get("budget") is not None:
+            state.budget = float(report["budget"])
+        if report.get("spent_s") is not None:
+            state.spent_s = float(report["spent_s"])
+        if report.get("elapsed_s") is not None:
+            state.elapsed_s = float(report["elapsed_s"])
+        state.delays = dict(report.get("delays") or {})
+        state.dropped = dict(report.get("dropped") or {})
+        for message in report.get("errors") or ():
+            self.errors.append(message)
+        self.overhead_history.append((t, self.budget(), self.overhead()))
+
+    def window_counts(self, seconds: float | None) -> tuple[dict[StackKey, list[int]], int]:
+        """Counts and sampling passes of the last ``seconds`` (None: the whole run)."""
+        if seconds is None:
+            return self.counts, self.samples
+        if not self.windows:
+            return {}, 0
+        since = self.windows[-1].t - seconds
+        merged: dict[StackKey, list[int]] = {}
+        samples = 0
+        for w in self.windows:
+            if w.t <= since:
+                continue
+            samples += w.samples
+            for key, (wall, cpu) in w.counts.items():
+                slot = merged.get(key)
+                if slot is None:
+                    merged[key] = [wall, cpu]
+                else:
+                    slot[0] += wall
+                    slot[1] += cpu
+        return merged, samples

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Install dyper into a fresh virtual environment per CPython >= 3.11 found on
+# this machine (python3.11, python3.12, ... on PATH or under pyenv) and run the
+# whole test suite in each. Usage: bash scripts/test.sh [pytest args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+pythons=()
+seen=""
+for minor in 11 12 13 14 15; do
+  for cand in "python3.$minor" "$HOME/.pyenv/versions/3.$minor"*/bin/python3.$minor; do
+    exe=$(command -v "$cand" 2>/dev/null || true)
+    [ -n "$exe" ] && [ -x "$exe" ] || continue
+    case " $seen " in *" 3.$minor "*) continue ;; esac
+    seen="$seen 3.$minor"
+    pythons+=("$exe")
+    break
+  done
+done
+if [ ${#pythons[@]} -eq 0 ]; then
+  echo "no CPython >= 3.11 found: install one (e.g. pyenv install 3.12)" >&2
+  exit 2
+fi
+
+status=0
+for py in "${pythons[@]}"; do
+  ver=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+  venv=".venv-$ver"
+  echo "=== Python $ver ($py) ==="
+  [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]'
+  "$venv/bin/python" -m pytest "$@" || status=$?
+done
+exit $status

@@ -1,0 +1,80 @@
+import msgpack
+import pytest
+
+from agent import protocol
+from agent.protocol import DecodeError, decode, encode, parse_budget
+
+
+def report(**over):
+    body = {"agent": "h:1:a", "seq": 0, "epoch": 0, "t": 1.0, "window_s": 1.0, "strings": [[0, "f.py"]],
+            "locs": [[0, 0, 0, 1, 2, 0]], "stacks": [[7, 3, [0]]], "samples": 3}
+    body.update(over)
+    return body
+
+
+def test_round_trip_report():
+    msg_type, body = decode(encode(protocol.REPORT, report()))
+    assert msg_type == protocol.REPORT
+    assert body["stacks"] == [[7, 3, [0]]]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"\xc1",  # never-used msgpack byte
+        b"garbage that is not msgpack at all \xff\xfe",
+        msgpack.packb([1, 2, 3]),
+        msgpack.packb(["dyper", 99, "report", {}]),  # unknown version
+        msgpack.packb(["dyper", 1, "launch_missiles", {}]),  # unknown type
+        msgpack.packb(["dyper", 1, "report", []]),  # body not a map
+        msgpack.packb(["dyper", 1, "report", {"agent": "x"}]),  # missing fields
+        encode(protocol.REPORT, report())[:-3],  # truncated
+    ],
+)
+def test_malformed_frames_raise_decode_error(data):
+    with pytest.raises(DecodeError):
+        decode(data)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("seq", "zero"), ("stacks", [[1, 2]]), ("stacks", [[1, 2, ["x"]]]), ("locs", [[0, 0, 0, 1]]),
+     ("strings", [[0, 5]]), ("samples", True), ("t", None)],
+)
+def test_wrong_types_are_rejected(field, value):
+    with pytest.raises(DecodeError):
+        decode(encode(protocol.REPORT, report(**{field: value})))
+
+
+def test_receiver_restricts_types():
+    data = encode(protocol.DETACH, {})
+    assert decode(data, protocol.AGENT_ACCEPTS)[0] == protocol.DETACH
+    with pytest.raises(DecodeError):
+        decode(data, protocol.MONITOR_ACCEPTS)
+
+
+def test_size_limit_on_both_sides():
+    with pytest.raises(DecodeError):
+        decode(b"\x00" * (protocol.MAX_FRAME_BYTES + 1))
+    with pytest.raises(ValueError):
+        encode(protocol.ERROR, {"agent": "a", "message": "x" * (protocol.MAX_FRAME_BYTES + 1)})
+
+
+def test_claimed_huge_array_does_not_allocate():
+    # A 5-byte frame claiming a 4-billion-element array is refused by msgpack's
+    # length-derived limits instead of allocating.
+    with pytest.raises(DecodeError):
+        decode(b"\xdd\xff\xff\xff\xff")
+
+
+@pytest.mark.parametrize("text, value", [("1%", 0.01), ("0.1%", 0.001), ("25%", 0.25), ("0.05", 0.05), (0.01, 0.01)])
+def test_parse_budget(text, value):
+    assert parse_budget(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text", ["150%", "-1", "abc", "0", "0%", "nan", "51%"])
+def test_parse_budget_rejects(text):
+    with pytest.raises(ValueError) as info:
+        parse_budget(text)
+    assert "budget" in str(info.value) and "\n" not in str(info.value)

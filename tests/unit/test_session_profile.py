@@ -1,0 +1,128 @@
+import json
+
+import pytest
+
+from agent.protocol import LOC_BLOCKING
+from monitor.exports import Collapsed, OwnJson, Speedscope, exporter_for
+from monitor.profile import Profile
+from monitor.session import FrameTable, Session, UnknownLocation
+
+HELLO = {"agent": "h:1:x", "host": "h", "pid": 1, "start_time": 100.0, "argv": ["python", "app.py"],
+         "python": "3.11.7", "budget": 0.01,
+         "paths": {"stdlib": "/usr/lib/python3.11", "purelib": "/site"}}
+
+
+def make_report(stacks, *, seq=0, with_tables=True, t=1000.0, samples=None):
+    """stacks: list of (tid, count, [loc ids leaf first]). Locations:
+    0 main (app.py:1), 1 f (app.py:10), 2 g (app.py:20), 3 sleep-call in main (blocking),
+    4 json.dumps (stdlib), 5 recursive r (app.py:30)."""
+    strings = [[0, "/app/app.py"], [1, "main"], [2, "f"], [3, "g"], [4, "/usr/lib/python3.11/json/__init__.py"],
+               [5, "dumps"], [6, "r"]]
+    locs = [[0, 0, 1, 1, 2, 0], [1, 0, 2, 10, 11, 0], [2, 0, 3, 20, 21, 0], [3, 0, 1, 1, 3, LOC_BLOCKING],
+            [4, 4, 5, 200, 231, 0], [5, 0, 6, 30, 31, 0]]
+    return {"agent": "h:1:x", "seq": seq, "epoch": 0, "t": t, "window_s": 1.0,
+            "strings": strings if with_tables else [], "locs": locs if with_tables else [],
+            "stacks": [[tid, n, s] for tid, n, s in stacks],
+            "samples": samples if samples is not None else sum(n for _, n, _ in stacks),
+            "threads": [[7, "MainThread"], [8, "worker"]], "spent_s": 0.01, "elapsed_s": 1.0, "budget": 0.01}
+
+
+def session_with(*reports):
+    s = Session(("h", 1, 100.0), HELLO, FrameTable())
+    state = s.add_agent(HELLO)
+    for r in reports:
+        s.ingest(state, r)
+    return s
+
+
+def test_functions_self_and_total_and_blocking_excluded_from_cpu():
+    s = session_with(make_report([(7, 30, [1, 0]), (7, 10, [2, 1, 0]), (8, 60, [3])]))
+    p = Profile.from_session(s)
+    assert p.total("wall") == 100 and p.total("cpu") == 40
+    rows = {r["name"]: r for r in p.functions("cpu")}
+    assert rows["f"]["self"] == 30 and rows["f"]["total"] == 40
+    assert rows["g"]["self_pct"] == pytest.approx(25.0)
+    assert rows["main"]["total_pct"] == pytest.approx(100.0)
+    wall = {r["name"]: r for r in p.functions("wall")}
+    assert wall["main"]["self"] == 60  # the sleeping thread counts in wall time only
+
+
+def test_recursion_is_counted_once_in_total():
+    s = session_with(make_report([(7, 10, [5, 5, 5, 0])]))
+    rows = {r["name"]: r for r in Profile.from_session(s).functions("cpu")}
+    assert rows["r"]["total"] == 10 and rows["r"]["self"] == 10
+
+
+def test_lines_and_floor():
+    s = session_with(make_report([(7, 995, [1, 0]), (7, 4, [2, 0]), (7, 1, [0])]))
+    p = Profile.from_session(s)
+    lines = {(r["name"], r["line"]) for r in p.lines("cpu", floor_pct=0.5)}
+    assert ("f", 11) in lines and ("g", 21) not in lines  # 0.4% is under the floor
+
+
+def test_library_time_charged_to_calling_app_line():
+    s = session_with(make_report([(7, 10, [4, 1, 0])]))
+    p = Profile.from_session(s)
+    plain = {r["name"]: r["self"] for r in p.functions("cpu")}
+    charged = {r["name"]: r["self"] for r in p.functions("cpu", charge_libraries=True)}
+    assert plain == {"dumps": 10, "f": 0, "main": 0}
+    assert charged == {"f": 10, "main": 0}
+
+
+def test_unknown_location_changes_nothing():
+    s = session_with()
+    state = s.agents["h:1:x"]
+    with pytest.raises(UnknownLocation):
+        s.ingest(state, make_report([(7, 5, [1, 0])], with_tables=False))
+    assert s.counts == {} and s.samples == 0
+
+
+def test_time_windows():
+    s = session_with(make_report([(7, 10, [1, 0])], t=1000.0), make_report([(7, 5, [2, 0])], seq=1, t=1030.0))
+    recent = Profile.from_session(s, window_s=10.0)
+    assert {r["name"] for r in recent.functions("cpu") if r["self"]} == {"g"}
+    assert Profile.from_session(s).total("cpu") == 15
+
+
+def test_tree_totals():
+    s = session_with(make_report([(7, 30, [1, 0]), (7, 10, [2, 1, 0])]))
+    root = Profile.from_session(s).tree("cpu")
+    (main,) = root.children.values()
+    (f,) = main.children.values()
+    assert (root.total, main.total, f.total, f.self) == (40, 40, 40, 30)
+
+
+def test_exports(tmp_path):
+    s = session_with(make_report([(7, 30, [1, 0]), (7, 10, [2, 1, 0]), (8, 60, [3])]))
+    p = Profile.from_session(s)
+    folded = Collapsed().render(p).splitlines()
+    assert "main (/app/app.py:2);f (/app/app.py:11) 30" in folded
+    assert "main (/app/app.py:2);f (/app/app.py:11);g (/app/app.py:21) 10" in folded
+    assert sum(int(line.rsplit(" ", 1)[1]) for line in folded) == 40
+    assert sum(int(x.rsplit(" ", 1)[1]) for x in Collapsed("wall").render(p).splitlines()) == 100
+
+    doc = json.loads(Speedscope("wall").render(p))
+    assert doc["$schema"] == "https://www.speedscope.app/file-format-schema.json"
+    names = [f["name"] for f in doc["shared"]["frames"]]
+    for prof in doc["profiles"]:
+        assert prof["type"] == "sampled" and len(prof["samples"]) == len(prof["weights"])
+        assert all(0 <= i < len(names) for sample in prof["samples"] for i in sample)
+    assert sum(sum(pr["weights"]) for pr in doc["profiles"]) == 100
+
+    path = tmp_path / "p.json"
+    OwnJson().write(p, path)
+    back = Profile.load(path)
+    assert back.functions("cpu") == p.functions("cpu") and back.process["pid"] == 1
+    assert isinstance(exporter_for("x.speedscope.json"), Speedscope)
+    assert isinstance(exporter_for("x.json"), OwnJson)
+    with pytest.raises(ValueError, match="end it with"):
+        exporter_for("x.txt")
+
+
+@pytest.mark.parametrize("doc", [{}, {"format": "dyper-profile", "version": 7},
+                                 {"format": "dyper-profile", "version": 1, "frames": [], "stacks": [[1, 1, 1, [3]]]}])
+def test_bad_saved_profiles_are_refused(tmp_path, doc):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError):
+        Profile.load(path)

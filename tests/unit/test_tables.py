@@ -1,0 +1,93 @@
+import selectors
+import sys
+import threading
+import time
+
+import pytest
+
+from agent.protocol import LOC_BLOCKING
+from agent.tables import MAX_LOCATIONS, Tables, callee_name
+
+
+def _leaf_of(thread: threading.Thread):
+    for _ in range(200):
+        frame = sys._current_frames().get(thread.ident)
+        if frame is not None and frame.f_code.co_name == thread.name:
+            return frame
+        time.sleep(0.01)
+    raise AssertionError("thread never reached its leaf")
+
+
+def test_callee_name_finds_blocking_calls_and_not_cpu_work():
+    stop = threading.Event()
+    lock = threading.Lock()
+    lock.acquire()
+    sel = selectors.DefaultSelector()
+    rd, wr = __import__("os").pipe()
+    sel.register(rd, selectors.EVENT_READ)
+
+    def sleeper():
+        time.sleep(30)
+
+    def locker():
+        lock.acquire(timeout=30)
+
+    def selector():
+        sel.select(30)
+
+    def spinner():
+        while not stop.is_set():
+            sum(range(1000))
+
+    threads = [threading.Thread(target=f, name=f.__name__, daemon=True) for f in (sleeper, locker, selector, spinner)]
+    for t in threads:
+        t.start()
+    try:
+        names = {t.name: callee_name(_leaf_of(t).f_code, _leaf_of(t).f_lasti) for t in threads[:2]}
+        assert names == {"sleeper": "sleep", "locker": "acquire"}
+        # the selector's leaf is selectors' own select(), which calls poll/select
+        frame = sys._current_frames()[threads[2].ident]
+        assert callee_name(frame.f_code, frame.f_lasti) in ("poll", "select")
+        frame = sys._current_frames()[threads[3].ident]
+        assert callee_name(frame.f_code, frame.f_lasti) not in ("sleep", "acquire", "poll", "select")
+    finally:
+        stop.set()
+        lock.release()
+        __import__("os").write(wr, b"x")
+        for t in threads:
+            t.join(5)
+        sel.close()
+
+
+def test_new_loc_flags_and_resend():
+    t = Tables()
+
+    def f():
+        time.sleep(0)
+
+    code = f.__code__
+    sleep_call = next(i.offset for i in __import__("dis").get_instructions(code) if i.opname.startswith("CALL"))
+    a = t.new_loc((sleep_call << 48) | id(code), code, sleep_call, 10)
+    b = t.new_loc((0 << 48) | id(code), code, 0, None)
+    rows = {row[0]: row for row in t.loc_rows}
+    assert rows[a][5] == LOC_BLOCKING and rows[b][5] == 0
+    assert rows[b][4] == code.co_firstlineno  # unknown line falls back to the def line
+    strings, locs = t.unsent()
+    assert len(locs) == 2 and [s[1] for s in strings] == [code.co_filename, code.co_qualname]
+    t.mark_sent(len(strings), len(locs))
+    assert t.unsent() == ([], [])
+    t.resend_all()
+    assert len(t.unsent()[1]) == 2
+
+
+def test_tables_restart_under_a_new_epoch():
+    t = Tables()
+    t.new_loc(1, test_tables_restart_under_a_new_epoch.__code__, 0, 1)
+    t.restart()
+    assert t.epoch == 1 and t.locs == {} and t.unsent() == ([], [])
+    assert MAX_LOCATIONS >= 100_000
+
+
+@pytest.mark.parametrize("lasti", [-2, 10**6])
+def test_callee_name_is_safe_on_odd_offsets(lasti):
+    assert callee_name(test_callee_name_is_safe_on_odd_offsets.__code__, lasti) is None
