@@ -1,0 +1,130 @@
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+TARGETS = Path(__file__).parent / "targets"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def dyper(*args: str, timeout: float = 60, check: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run the real CLI in a subprocess, as a user would."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "monitor", *args], capture_output=True, text=True, timeout=timeout, cwd=REPO
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"dyper {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def start_target(*args: str, python: str = sys.executable) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([python, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.strip() == "ready", f"target did not start: {line!r} {proc.stderr.read() if proc.stderr else ''}"
+    return proc
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(10)
+    for stream in (proc.stdout, proc.stderr, proc.stdin):
+        if stream is not None:
+            stream.close()
+
+
+class StandingMonitor:
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.endpoint = f"tcp://127.0.0.1:{port}"
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "monitor", "monitor", "--listen", self.endpoint],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO,
+        )
+        from monitor.client import MonitorClient, MonitorUnreachable
+
+        deadline = time.monotonic() + 15
+        with MonitorClient(self.endpoint, timeout=0.5) as client:
+            while True:
+                try:
+                    client.call("ping")
+                    return
+                except MonitorUnreachable:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
+
+    def call(self, op: str, **args: object) -> object:
+        from monitor.client import MonitorClient
+
+        with MonitorClient(self.endpoint, timeout=3) as client:
+            return client.call(op, **args)
+
+    def session(self, pid: int) -> dict[str, object] | None:
+        sessions = self.call("sessions")
+        assert isinstance(sessions, list)
+        found = [s for s in sessions if s["pid"] == pid]
+        return found[-1] if found else None
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def standing_monitor() -> Iterator[StandingMonitor]:
+    m = StandingMonitor(free_port())
+    m.start()
+    try:
+        yield m
+    finally:
+        m.kill()
+
+
+def wait_for(predicate, timeout: float = 15.0, interval: float = 0.1, what: str = "condition"):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(interval)
+
+
+def split_shares(profile_json: dict[str, object]) -> tuple[float, float]:
+    """(heavy %, light %) of heavy+light total cpu samples."""
+    from monitor.profile import Profile
+
+    p = Profile.from_json(profile_json)
+    rows = {r["name"]: r["total"] for r in p.functions("cpu")}
+    heavy, light = rows.get("heavy", 0), rows.get("light", 0)
+    assert heavy + light > 100, f"too few samples: {rows}"
+    return 100.0 * heavy / (heavy + light), 100.0 * light / (heavy + light)
+
+
+def threads_and_fds(pid: int) -> tuple[int, int]:
+    return len(os.listdir(f"/proc/{pid}/task")), len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def load_json(path: Path) -> dict[str, object]:
+    return json.loads(path.read_text())

@@ -1,0 +1,55 @@
+"""Known split: work() is called with 3 units from heavy() for every 1 unit from light().
+
+Usage: split.py [SECONDS] [--main-sleeps] [--heartbeat FILE]
+With --main-sleeps the work runs on a worker thread while the main thread sleeps
+in C, as in a service whose main thread waits in join/sleep for hours.
+"""
+
+import sys
+import threading
+import time
+
+
+def work(units):
+    total = 0
+    for _ in range(units):
+        for i in range(2000):
+            total += i * i
+    return total
+
+
+def heavy():
+    return work(3)
+
+
+def light():
+    return work(1)
+
+
+def loop(seconds, heartbeat):
+    end = time.monotonic() + seconds
+    n = 0
+    while time.monotonic() < end:
+        heavy()
+        light()
+        n += 1
+        if heartbeat and n % 50 == 0:
+            with open(heartbeat, "w") as f:
+                f.write(str(n))
+
+
+def main():
+    args = sys.argv[1:]
+    seconds = float(args[0]) if args and not args[0].startswith("-") else 3600.0
+    heartbeat = args[args.index("--heartbeat") + 1] if "--heartbeat" in args else None
+    print("ready", flush=True)
+    if "--main-sleeps" in args:
+        t = threading.Thread(target=loop, args=(seconds, heartbeat), name="worker", daemon=True)
+        t.start()
+        time.sleep(seconds)
+    else:
+        loop(seconds, heartbeat)
+
+
+if __name__ == "__main__":
+    main()

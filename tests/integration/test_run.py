@@ -1,0 +1,51 @@
+"""dyper run, end to end: real CLI, real target process, real sockets."""
+
+import sys
+
+from tests.integration.conftest import TARGETS, dyper, load_json, split_shares
+
+
+def test_run_gives_the_known_split(tmp_path):
+    out = tmp_path / "prof.json"
+    proc = dyper("run", "--budget", "5%", "--duration", "6", "-o", str(out), "--",
+                 sys.executable, str(TARGETS / "split.py"), check=True)
+    heavy, light = split_shares(load_json(out))
+    assert abs(heavy - 75.0) <= 5.0, (heavy, light)
+    profile = load_json(out)
+    assert profile["process"]["budget"] == 0.05
+    assert 0 < profile["process"]["overhead"] <= 0.05
+    assert "heavy" in proc.stdout  # the final summary table
+
+
+def test_run_until_the_program_ends_writes_collapsed(tmp_path):
+    out = tmp_path / "prof.collapsed"
+    dyper("run", "--budget", "5%", "-o", str(out), "--", sys.executable, str(TARGETS / "split.py"), "2", check=True)
+    lines = out.read_text().splitlines()
+    assert lines, "empty profile"
+    for line in lines:
+        stack, count = line.rsplit(" ", 1)
+        assert int(count) > 0
+        root = stack.split(";")[0]
+        assert root.startswith("<module> (") and root.endswith(")")
+    assert any("heavy (" in line and "work (" in line for line in lines)
+
+
+def test_run_speedscope_output(tmp_path):
+    out = tmp_path / "prof.speedscope.json"
+    dyper("run", "--budget", "5%", "-o", str(out), "--", sys.executable, str(TARGETS / "split.py"), "2", check=True)
+    doc = load_json(out)
+    assert doc["$schema"].startswith("https://www.speedscope.app/")
+    assert any(f["name"] == "heavy" for f in doc["shared"]["frames"])
+
+
+def test_run_returns_the_program_exit_code(tmp_path):
+    proc = dyper("run", "-q", "--", sys.executable, "-c", "import sys; sys.exit(3)")
+    assert proc.returncode == 3
+
+
+def test_run_errors_are_one_line():
+    proc = dyper("run", "--", "no-such-program-xyz")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "command not found" in proc.stderr
+    proc = dyper("run", "--budget", "150%", "--", sys.executable, "-c", "pass")
+    assert proc.returncode == 2 and "out of range" in proc.stderr
