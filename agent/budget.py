@@ -166,11 +166,16 @@ class Guard:
         self._tokens -= seconds
         self.spent_s += seconds
 
-    def wait_needed(self, now: float) -> float:
-        """Seconds to wait before the next costed operation may start."""
+    def wait_needed(self, now: float, expected_s: float = 0.0) -> float:
+        """Seconds to wait before an operation expected to cost ``expected_s`` may start.
+
+        Paying before spending keeps the ledger under the budget at every
+        moment, up to the error in the estimate of the operation in flight.
+        """
         self._accrue(now)
-        # A nanosecond of debt is float rounding, not overspending.
-        return 0.0 if self._tokens >= -1e-9 else -self._tokens / self.budget
+        need = expected_s - self._tokens
+        # A nanosecond is float rounding, not overspending.
+        return 0.0 if need <= 1e-9 else need / self.budget
 
     def overhead(self, now: float) -> float:
         """Fraction of wall time spent so far."""

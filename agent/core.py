@@ -51,6 +51,8 @@ SEND_HWM: Final = 8
 #: the first plan errs on the side of spending less.
 INITIAL_SAMPLE_COST_S: Final = 200e-6
 INITIAL_REPORT_COST_S: Final = 2e-3
+#: How often the plan follows the measured costs, monitor or not.
+REPLAN_S: Final = 1.0
 #: How often to retry the hello while no monitor has accepted the connection.
 HELLO_RETRY_S: Final = 0.5
 #: Weight of a new measurement in the moving averages of costs.
@@ -135,6 +137,9 @@ class Agent:
         self._last_report_cost = 0.0
         self._bye_reason = "stop"
         self._hello_sent = False
+        #: the costliest single operation so far: how far the ledger can be
+        #: over the budget at any instant (see Guard.wait_needed)
+        self.max_op_s = 0.0
         self._hello: dict[str, Any] | None = None
 
     # --- control, from any thread ---------------------------------------------------
@@ -222,10 +227,14 @@ class Agent:
         next_sample = now + self._jitter(self.plan.sample_delay_s)
         next_report = now + self.plan.report_delay_s
         next_hello = now + HELLO_RETRY_S
+        next_replan = now + REPLAN_S
         while not self._stopping.is_set():
             now = self.clock()
+            if now >= next_replan:
+                self._replan()
+                next_replan = now + REPLAN_S
             if now >= next_sample:
-                wait = self.guard.wait_needed(now)
+                wait = self.guard.wait_needed(now, self.sample_cost_s)
                 if wait > 0:
                     next_sample = now + wait
                 else:
@@ -234,6 +243,7 @@ class Agent:
                     spent = time.perf_counter() - t0
                     self._window_costs["sample"] += spent
                     self.guard.charge(spent, self.clock())
+                    self.max_op_s = max(self.max_op_s, spent)
                     self.sample_cost_s += EWMA_ALPHA * (spent - self.sample_cost_s)
                     next_sample = now + self._jitter(self.plan.sample_delay_s)
             if not self._hello_sent and now >= next_hello:
@@ -377,6 +387,7 @@ class Agent:
             self.dropped["reports"] += 1
         spent = time.perf_counter() - t0
         self._last_report_cost = spent
+        self.max_op_s = max(self.max_op_s, spent)
         self._window_costs["report"] += spent
         self.guard.charge(spent, self.clock())
         self.report_cost_s += EWMA_ALPHA * 4 * (spent - self.report_cost_s)

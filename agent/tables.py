@@ -8,6 +8,7 @@ hash, count and send.
 
 from __future__ import annotations
 
+import bisect
 import dis
 from types import CodeType
 from typing import Final
@@ -50,6 +51,23 @@ _LOADS = frozenset(
 )
 
 
+#: Decoded instructions of the code objects seen most recently: a function's
+#: call sites are usually interned close together, and decoding is the cost.
+_DECODED_CACHE_SIZE: Final = 256
+_decoded: dict[int, tuple[CodeType, list[int], list[dis.Instruction]]] = {}
+
+
+def _instructions(code: CodeType) -> tuple[list[int], list[dis.Instruction]]:
+    entry = _decoded.get(id(code))
+    if entry is None or entry[0] is not code:
+        instructions = [ins for ins in dis.get_instructions(code) if ins.opname not in _SKIP]
+        entry = (code, [ins.offset for ins in instructions], instructions)
+        if len(_decoded) >= _DECODED_CACHE_SIZE:
+            del _decoded[next(iter(_decoded))]
+        _decoded[id(code)] = entry
+    return entry[1], entry[2]
+
+
 def callee_name(code: CodeType, lasti: int) -> str | None:
     """Best guess at the name of what the call instruction at ``lasti`` calls.
 
@@ -59,16 +77,12 @@ def callee_name(code: CodeType, lasti: int) -> str | None:
     Runs once per location, never on the sampler's fast path.
     """
     try:
-        before: list[dis.Instruction] = []
-        call = None
-        for ins in dis.get_instructions(code):
-            if ins.offset == lasti:
-                call = ins
-                break
-            if ins.offset > lasti:
-                return None
-            before.append(ins)
-        if call is None or call.opname not in _CALLS:
+        offsets, steps = _instructions(code)
+        at = bisect.bisect_left(offsets, lasti)
+        if at >= len(offsets) or offsets[at] != lasti:
+            return None
+        call = steps[at]
+        if call.opname not in _CALLS:
             return None
         if call.opname == "CALL_FUNCTION_EX":
             args = 1 + ((call.arg or 0) & 1)  # positional tuple, maybe a kwargs dict
@@ -77,26 +91,26 @@ def callee_name(code: CodeType, lasti: int) -> str | None:
         # Backwards: the first instruction that takes the depth past the
         # arguments is the one that pushed the callable's root (``time`` in
         # ``time.sleep``) ...
-        steps = [ins for ins in before if ins.opname not in _SKIP]
         depth = 0
-        for i in range(len(steps) - 1, -1, -1):
+        i = at - 1
+        while i >= 0:
             depth += _effect(steps[i])
             if depth > args:
                 break
+            i -= 1
         else:
             return None
         name = steps[i].argval if steps[i].opname in _LOADS else None
         # ... forwards: attribute loads applied to it at the same depth (``.sleep``)
         # refine it into the callable itself.
         depth = 0
-        for ins in steps[i + 1 :]:
+        for ins in steps[i + 1 : at]:
             if depth == 0 and ins.opname in ("LOAD_ATTR", "LOAD_METHOD"):
                 name = ins.argval
             depth += _effect(ins)
         return name if isinstance(name, str) else None
     except Exception:  # odd code objects must never break sampling
         return None
-    return None
 
 
 class Tables:

@@ -90,6 +90,12 @@ def test_guard_cannot_save_up_more_than_its_capacity():
     assert g.wait_needed(3600.0) == pytest.approx(0.01 / 0.01)
 
 
+def test_guard_prepays_the_expected_cost():
+    g = Guard(0.01, 0.0)
+    assert g.wait_needed(0.0, expected_s=0.001) == pytest.approx(0.1)
+    assert g.wait_needed(0.1, expected_s=0.001) == 0.0
+
+
 def test_budget_change_applies_from_now():
     g = Guard(0.01, 0.0)
     g.charge(0.05, 0.0)

@@ -1,0 +1,147 @@
+"""The agent inside this very process, against a real monitor socket."""
+
+import asyncio
+import atexit
+import os
+import threading
+import time
+
+import pytest
+
+import agent
+from monitor.server import Monitor
+from tests.integration.conftest import free_port, wait_for
+
+
+class MonitorThread:
+    """A real monitor on its own event loop in a background thread."""
+
+    def __init__(self) -> None:
+        self.monitor = Monitor("tcp://127.0.0.1:0")
+        self.endpoint = self.monitor.bind()
+        self.loop = asyncio.new_event_loop()
+        self.stop_event: asyncio.Event | None = None
+        self.thread = threading.Thread(target=self._run, name="test-monitor", daemon=True)
+        self.thread.start()
+        wait_for(lambda: self.stop_event is not None, what="monitor loop")
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+
+        async def main() -> None:
+            self.stop_event = asyncio.Event()
+            await self.monitor.serve(self.stop_event)
+
+        self.loop.run_until_complete(main())
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.stop_event.set)
+        self.thread.join(5)
+        self.monitor.close()
+        self.loop.close()
+
+
+@pytest.fixture
+def monitor_thread():
+    m = MonitorThread()
+    try:
+        yield m
+    finally:
+        m.close()
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+class AtexitSpy:
+    """Records the agent's atexit registrations (CPython's own count never shrinks)."""
+
+    def __init__(self) -> None:
+        self.registered: list[object] = []
+
+    def register(self, func, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self.registered.append(func)
+        return atexit.register(func, *args, **kwargs)
+
+    def unregister(self, func) -> None:  # type: ignore[no-untyped-def]
+        while func in self.registered:
+            self.registered.remove(func)
+        atexit.unregister(func)
+
+
+@pytest.fixture
+def atexit_spy(monkeypatch):
+    spy = AtexitSpy()
+    monkeypatch.setattr(agent, "atexit", spy)
+    return spy
+
+
+def test_start_stop_cycles_leave_nothing_behind(monitor_thread, atexit_spy):
+    threads, fds = threading.active_count(), _fds()
+    for _ in range(20):
+        agent.start(monitor_thread.endpoint, "5%")
+        assert agent.is_running()
+        assert any(t.name == "dyper-sampler" for t in threading.enumerate())
+        agent.start(monitor_thread.endpoint, "5%")  # idempotent
+        assert sum(t.name == "dyper-sampler" for t in threading.enumerate()) == 1
+        assert atexit_spy.registered == [agent._at_exit]
+        agent.stop()
+        assert not agent.is_running()
+        assert atexit_spy.registered == []
+    assert threading.active_count() == threads
+    assert _fds() == fds
+    session = monitor_thread.monitor.session_for(os.getpid())
+    assert session is not None and not session.connected
+
+
+def test_detach_from_the_monitor_stops_the_agent(monitor_thread, atexit_spy):
+    agent.start(monitor_thread.endpoint, "5%")
+    m = monitor_thread.monitor
+    wait_for(lambda: m.session_for(os.getpid()), what="hello")
+    from agent import protocol
+
+    monitor_thread.loop.call_soon_threadsafe(m.send_to_pid, os.getpid(), protocol.DETACH, {})
+    wait_for(lambda: not agent.is_running() and not any(t.name == "dyper-sampler" for t in threading.enumerate()),
+             what="agent gone")
+    assert atexit_spy.registered == []  # the sampler's exit removed the hook
+    wait_for(lambda: not m.session_for(os.getpid()).connected, what="bye")
+
+
+def test_live_budget_change_reaches_the_agent(monitor_thread):
+    agent.start(monitor_thread.endpoint, "1%")
+    try:
+        m = monitor_thread.monitor
+        wait_for(lambda: (s := m.session_for(os.getpid())) and s.reports, what="first report")
+        from agent import protocol
+
+        monitor_thread.loop.call_soon_threadsafe(m.send_to_pid, os.getpid(), protocol.CONFIGURE, {"budget": 0.05})
+        wait_for(lambda: agent._agent is not None and agent._agent.budget == 0.05, what="budget applied")
+        wait_for(lambda: m.session_for(os.getpid()).budget() == 0.05, timeout=10, what="budget reported")
+    finally:
+        agent.stop()
+
+
+def test_budget_holds_with_no_monitor_at_all():
+    endpoint = f"tcp://127.0.0.1:{free_port()}"  # nobody listens
+    agent.start(endpoint, "1%")
+    try:
+        end = time.monotonic() + 3
+        while time.monotonic() < end:
+            sum(i * i for i in range(1000))
+        a = agent._agent
+        assert a is not None
+        elapsed = time.monotonic() - a.guard.started
+        # The guard's ledger, not a timing guess: spend stays within the budget
+        # up to the one operation in flight when we look.
+        assert a.guard.spent_s <= 0.01 * elapsed + a.max_op_s
+        assert a.samples_in_window > 50  # it kept sampling, counts kept for a monitor to come
+        assert a.dropped["reports"] >= 1
+    finally:
+        agent.stop()
+
+
+def test_non_loopback_endpoint_is_refused():
+    with pytest.raises(ValueError, match="not on loopback"):
+        agent.start("tcp://10.1.2.3:7341")
+    assert not agent.is_running()
