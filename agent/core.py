@@ -353,6 +353,7 @@ class Agent:
     def _report(self, sock: zmq.Socket[Any]) -> None:
         t0 = time.perf_counter()
         now = self.clock()
+        self.tables.flag_leaves({stack[0] for _, stack in self.counts if stack})
         strings, locs = self.tables.unsent()
         body: dict[str, Any] = {
             "agent": self.agent_id,

@@ -60,7 +60,11 @@ _decoded: dict[int, tuple[CodeType, list[int], list[dis.Instruction]]] = {}
 def _instructions(code: CodeType) -> tuple[list[int], list[dis.Instruction]]:
     entry = _decoded.get(id(code))
     if entry is None or entry[0] is not code:
-        instructions = [ins for ins in dis.get_instructions(code) if ins.opname not in _SKIP]
+        # PRECALL stays: 3.11's specialised PRECALL makes the C call itself,
+        # so a thread blocked in C can sit there rather than at the CALL.
+        instructions = [
+            ins for ins in dis.get_instructions(code) if ins.opname not in _SKIP or ins.opname == "PRECALL"
+        ]
         entry = (code, [ins.offset for ins in instructions], instructions)
         if len(_decoded) >= _DECODED_CACHE_SIZE:
             del _decoded[next(iter(_decoded))]
@@ -82,6 +86,8 @@ def callee_name(code: CodeType, lasti: int) -> str | None:
         if at >= len(offsets) or offsets[at] != lasti:
             return None
         call = steps[at]
+        if call.opname == "PRECALL" and at + 1 < len(steps):
+            call = steps[at + 1]
         if call.opname not in _CALLS:
             return None
         if call.opname == "CALL_FUNCTION_EX":
@@ -94,6 +100,9 @@ def callee_name(code: CodeType, lasti: int) -> str | None:
         depth = 0
         i = at - 1
         while i >= 0:
+            if steps[i].opname == "PRECALL":
+                i -= 1
+                continue
             depth += _effect(steps[i])
             if depth > args:
                 break
@@ -105,6 +114,8 @@ def callee_name(code: CodeType, lasti: int) -> str | None:
         # refine it into the callable itself.
         depth = 0
         for ins in steps[i + 1 : at]:
+            if ins.opname == "PRECALL":
+                continue
             if depth == 0 and ins.opname in ("LOAD_ATTR", "LOAD_METHOD"):
                 name = ins.argval
             depth += _effect(ins)
@@ -129,6 +140,8 @@ class Tables:
         # Strong references so that id(code) is never reused by a new object
         # while it is a key above.
         self._codes: list[CodeType] = []
+        #: new locations whose blocking flag is still to be decided
+        self._unflagged: list[tuple[int, CodeType, int]] = []
         self.sent_strings = 0
         self.sent_locs = 0
 
@@ -144,7 +157,8 @@ class Tables:
         """Intern a location seen for the first time (the sampler's slow path).
 
         ``key`` is ``(lasti << 48) | id(code)``, built the same way by the
-        Python and the C walker.
+        Python and the C walker. The blocking flag is left for
+        :meth:`flag_leaves`, off the sampling path.
         """
         loc = len(self.loc_rows)
         self.locs[key] = loc
@@ -156,10 +170,25 @@ class Tables:
                 self.string(code.co_qualname),
                 code.co_firstlineno,
                 lineno if lineno is not None else code.co_firstlineno,
-                LOC_BLOCKING if callee_name(code, lasti) in BLOCKING_CALLS else 0,
+                0,
             ]
         )
+        self._unflagged.append((loc, code, lasti))
         return loc
+
+    def flag_leaves(self, leaves: set[int]) -> None:
+        """Set the blocking flag of new locations that were seen as a stack's leaf.
+
+        Only a leaf's instruction tells what the thread is doing; an inner
+        frame is by definition calling Python. Decoding bytecode is the
+        costly part of interning, so it is done here, at report time, for
+        the few leaves rather than for every new frame during a sample.
+        """
+        rows = self.loc_rows
+        for loc, code, lasti in self._unflagged:
+            if loc in leaves and callee_name(code, lasti) in BLOCKING_CALLS:
+                rows[loc][5] = LOC_BLOCKING
+        self._unflagged.clear()
 
     def full(self) -> bool:
         return len(self.loc_rows) >= MAX_LOCATIONS

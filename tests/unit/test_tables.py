@@ -69,15 +69,18 @@ def test_new_loc_flags_and_resend():
     sleep_call = next(i.offset for i in __import__("dis").get_instructions(code) if i.opname.startswith("CALL"))
     a = t.new_loc((sleep_call << 48) | id(code), code, sleep_call, 10)
     b = t.new_loc((0 << 48) | id(code), code, 0, None)
+    c = t.new_loc((sleep_call << 48) | 12345, code, sleep_call, 10)
+    t.flag_leaves({a, b})  # c was only ever an inner frame
     rows = {row[0]: row for row in t.loc_rows}
+    assert rows[c][5] == 0
     assert rows[a][5] == LOC_BLOCKING and rows[b][5] == 0
     assert rows[b][4] == code.co_firstlineno  # unknown line falls back to the def line
     strings, locs = t.unsent()
-    assert len(locs) == 2 and [s[1] for s in strings] == [code.co_filename, code.co_qualname]
+    assert len(locs) == 3 and [s[1] for s in strings] == [code.co_filename, code.co_qualname]
     t.mark_sent(len(strings), len(locs))
     assert t.unsent() == ([], [])
     t.resend_all()
-    assert len(t.unsent()[1]) == 2
+    assert len(t.unsent()[1]) == 3
 
 
 def test_tables_restart_under_a_new_epoch():
