@@ -122,6 +122,12 @@ def split_shares(profile_json: dict[str, object]) -> tuple[float, float]:
     return 100.0 * heavy / (heavy + light), 100.0 * light / (heavy + light)
 
 
+def truth_share(heartbeat: Path) -> float:
+    """The target's own measure of heavy's share of heavy+light, in percent."""
+    _, heavy_s, light_s = heartbeat.read_text().split()
+    return 100.0 * float(heavy_s) / (float(heavy_s) + float(light_s))
+
+
 def threads_and_fds(pid: int) -> tuple[int, int]:
     return len(os.listdir(f"/proc/{pid}/task")), len(os.listdir(f"/proc/{pid}/fd"))
 

@@ -13,7 +13,7 @@ import zmq
 
 from monitor.commands.ps import has_agent
 from monitor.commands.run import child_env
-from tests.integration.conftest import TARGETS, dyper, split_shares, start_target, stop, wait_for
+from tests.integration.conftest import TARGETS, dyper, split_shares, start_target, stop, truth_share, wait_for
 
 
 def start_with_agent(endpoint, *args, budget=0.05):
@@ -23,16 +23,17 @@ def start_with_agent(endpoint, *args, budget=0.05):
     return proc
 
 
-def test_run_with_standing_monitor_top_ps_detach(standing_monitor):
+def test_run_with_standing_monitor_top_ps_detach(standing_monitor, tmp_path):
     ep = standing_monitor.endpoint
-    target = start_with_agent(ep, str(TARGETS / "split.py"))
+    truth = tmp_path / "truth"
+    target = start_with_agent(ep, str(TARGETS / "split.py"), "--heartbeat", str(truth))
     try:
         wait_for(lambda: (s := standing_monitor.session(target.pid)) and s["samples"] > 300, what="samples")
         top = json.loads(dyper("top", str(target.pid), "--monitor", ep, "--json", check=True).stdout)
         assert top["session"]["pid"] == target.pid
         assert {"heavy", "light", "work"} <= {r["name"] for r in top["by_total"]}
         heavy, _ = split_shares(standing_monitor.call("profile", pid=target.pid))
-        assert abs(heavy - 75) <= 5
+        assert abs(heavy - truth_share(truth)) <= 5
 
         rows = json.loads(dyper("ps", "--monitor", ep, "--json", check=True).stdout)
         mine = [r for r in rows if r["pid"] == target.pid]

@@ -2,15 +2,15 @@
 
 import sys
 
-from tests.integration.conftest import TARGETS, dyper, load_json, split_shares
+from tests.integration.conftest import TARGETS, dyper, load_json, split_shares, truth_share
 
 
 def test_run_gives_the_known_split(tmp_path):
-    out = tmp_path / "prof.json"
+    out, truth = tmp_path / "prof.json", tmp_path / "truth"
     proc = dyper("run", "--budget", "5%", "--duration", "6", "-o", str(out), "--",
-                 sys.executable, str(TARGETS / "split.py"), check=True)
+                 sys.executable, str(TARGETS / "split.py"), "--heartbeat", str(truth), check=True)
     heavy, light = split_shares(load_json(out))
-    assert abs(heavy - 75.0) <= 5.0, (heavy, light)
+    assert abs(heavy - truth_share(truth)) <= 5.0, (heavy, light, truth_share(truth))
     profile = load_json(out)
     assert profile["process"]["budget"] == 0.05
     assert 0 < profile["process"]["overhead"] <= 0.05
