@@ -158,8 +158,14 @@ class Agent:
         self._stopping.set()
         self._wake()
         thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
+        # Neither Thread.join() nor threading.current_thread(): both register a
+        # _DummyThread for a foreign caller (the attach bootstrap's thread),
+        # which would stay in threading._active for good.
+        if thread is not None and thread.ident != threading.get_ident():
+            deadline = time.monotonic() + timeout
+            self._stopped.wait(timeout)
+            while thread.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.001)
 
     def set_budget(self, budget: float) -> None:
         # Read by the sampler thread at its next wake-up; a float store is atomic.

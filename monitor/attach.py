@@ -44,6 +44,9 @@ _BOOTSTRAP = r'''
 import json as _json, os as _os, sys as _sys
 
 def _dyper_bootstrap(action, params, result_path):
+    import threading as _threading
+    me = _threading.get_ident()
+    had_entry = me in _threading._active
     added = []
     result = {"ok": False}
     try:
@@ -91,6 +94,10 @@ def _dyper_bootstrap(action, params, result_path):
                 _sys.path.remove(path)
         text = str(exc) if isinstance(exc, RuntimeError) else "%s: %s" % (type(exc).__name__, exc)
         result = {"ok": False, "error": text}
+    if not had_entry:
+        # This thread is foreign to threading; if anything called
+        # current_thread() here, a _DummyThread entry would outlive us.
+        _threading._active.pop(me, None)
     tmp = result_path + ".tmp"
     with open(tmp, "w") as f:
         _json.dump(result, f)

@@ -6,18 +6,26 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from monitor.commands import CliError
 
 COMMANDS = ("run", "attach", "detach", "monitor", "top", "ps", "budget", "demo")
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line, like every other dyper error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} -h)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="dyper",
         description="Low-overhead profiling of running Python services, inside an overhead budget.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
         module = importlib.import_module(f"monitor.commands.{name}")
         doc = (module.__doc__ or "").strip()

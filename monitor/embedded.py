@@ -187,6 +187,7 @@ def summary_view(profile: Profile, options: Options) -> dict[str, Any]:
             "pid": p.get("pid"),
             "argv": p.get("argv", []),
             "connected": False,
+            "ended": True,
             "samples": p.get("samples", 0),
             "budget": p.get("budget", 0.0),
             "overhead": p.get("overhead", 0.0),

@@ -67,17 +67,24 @@ def top_view(
 
 
 def _short(path: str) -> str:
+    """A path short enough for a table: relative when below the cwd, else its last parts."""
     try:
         rel = os.path.relpath(path)
     except ValueError:
-        return path
-    return rel if not rel.startswith("../..") else path
+        rel = path
+    if not rel.startswith(".."):
+        return rel
+    parts = path.split(os.sep)
+    return os.sep.join(parts[-2:]) if len(parts) > 2 else path
 
 
 def render_top(view: dict[str, Any], title: str | None = None) -> Group:
     info = view["session"]
     argv = " ".join(info["argv"]) or "?"
-    state = "[green]attached[/]" if info["connected"] else "[red]not connected[/]"
+    if info.get("ended"):
+        state = "[dim]finished[/]"
+    else:
+        state = "[green]attached[/]" if info["connected"] else "[red]not connected[/]"
     header = Text.from_markup(
         f"[bold]dyper[/] pid {info['pid']} {state}  [dim]{argv[:80]}[/]\n"
         f"samples {info['samples']:,}  ({view['samples_per_s']:.0f}/s)   "

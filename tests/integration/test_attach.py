@@ -1,0 +1,170 @@
+"""dyper attach / detach on real running processes, on every supported Python."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from monitor import inject
+from monitor.attach import attach, detach
+from tests.integration.conftest import (
+    TARGETS,
+    dyper,
+    load_json,
+    split_shares,
+    start_target,
+    stop,
+    threads_and_fds,
+    truth_share,
+    wait_for,
+)
+from tests.integration.test_agent import MonitorThread
+
+PROBE = r"""
+import gc, json, os, sys, threading, tracemalloc
+mod = sys.modules.get("agent")
+state = {
+    "threads": sorted(t.name for t in threading.enumerate()),
+    "profile": repr(sys.getprofile()),
+    "trace": repr(sys.gettrace()),
+    "tracemalloc": tracemalloc.is_tracing(),
+    "gc_callbacks": len(gc.callbacks),
+    "monitoring": [i for i in range(6) if sys.monitoring.get_tool(i)] if hasattr(sys, "monitoring") else [],
+    "agent_running": bool(mod is not None and getattr(mod, "__dyper__", False) and mod.is_running()),
+    "sys_path": list(sys.path),
+}
+with open(OUT + ".tmp", "w") as f:
+    json.dump(state, f)
+os.replace(OUT + ".tmp", OUT)
+"""
+
+
+def probe(pid: int, tmp_path: Path) -> dict[str, object]:
+    """What the target looks like from inside (run in it through the injector)."""
+    out = tmp_path / f"probe-{time.monotonic_ns()}.json"
+    src = f"exec({PROBE!r}, {{'OUT': {str(out)!r}}})"
+    inject.run_in_target(pid, src)
+    wait_for(out.exists, what="probe result")
+    return json.loads(out.read_text())
+
+
+def pythons() -> list[str]:
+    """The interpreter under test plus the other supported pyenv ones that can load dyper."""
+    return [sys.executable]
+
+
+@pytest.fixture
+def sleeping_main_target(tmp_path):
+    heartbeat = tmp_path / "truth"
+    proc = start_target(str(TARGETS / "split.py"), "600", "--main-sleeps", "--heartbeat", str(heartbeat))
+    proc.heartbeat = heartbeat  # type: ignore[attr-defined]
+    try:
+        yield proc
+    finally:
+        stop(proc)
+
+
+def test_attach_gives_the_known_split_while_main_thread_sleeps(sleeping_main_target, tmp_path):
+    target = sleeping_main_target
+    out = tmp_path / "prof.json"
+    dyper("attach", str(target.pid), "--budget", "5%", "--duration", "6", "-o", str(out), check=True)
+    heavy, light = split_shares(load_json(out))
+    assert abs(heavy - truth_share(target.heartbeat)) <= 5.0, (heavy, truth_share(target.heartbeat))
+    assert target.poll() is None  # still running
+    assert not probe(target.pid, tmp_path)["agent_running"]  # detached at the end
+
+
+def test_detach_leaves_the_process_as_it_was_and_reattach_works(sleeping_main_target, tmp_path):
+    target = sleeping_main_target
+    before = probe(target.pid, tmp_path)
+    monitor = MonitorThread()
+    try:
+        counts = threads_and_fds(target.pid)
+        for cycle in range(20):
+            attach(target.pid, monitor.endpoint, 0.05)
+            if cycle in (0, 19):
+                session = wait_for(lambda: monitor.monitor.session_for(target.pid), what="session")
+                samples = session.samples
+                wait_for(lambda: session.samples > samples, what=f"reports in cycle {cycle}")
+            assert detach(target.pid), "no agent was running"
+        assert threads_and_fds(target.pid) == counts
+    finally:
+        monitor.close()
+    after = probe(target.pid, tmp_path)
+    assert after == before
+    assert "dyper-sampler" not in after["threads"]  # type: ignore[operator]
+    assert target.poll() is None
+
+
+def test_attach_to_a_standing_monitor_and_detach_through_it(sleeping_main_target, standing_monitor):
+    pid = sleeping_main_target.pid
+    proc = dyper("attach", str(pid), "--monitor", standing_monitor.endpoint, "--budget", "2%", check=True)
+    assert f"attached to {pid}" in proc.stdout
+    wait_for(lambda: (s := standing_monitor.session(pid)) and s["samples"] > 0, what="samples")
+    assert standing_monitor.session(pid)["budget"] == pytest.approx(0.02)
+    dyper("budget", str(pid), "4%", "--monitor", standing_monitor.endpoint, check=True)
+    wait_for(lambda: standing_monitor.session(pid)["budget"] == pytest.approx(0.04), what="budget change")
+    dyper("detach", str(pid), "--monitor", standing_monitor.endpoint, check=True)
+    assert not standing_monitor.session(pid)["connected"]
+
+
+def test_detach_without_a_monitor_stops_the_agent_from_inside(sleeping_main_target, tmp_path):
+    pid = sleeping_main_target.pid
+    attach(pid, "tcp://127.0.0.1:1", 0.01)  # nobody listens there
+    assert probe(pid, tmp_path)["agent_running"]
+    proc = dyper("detach", str(pid), "--monitor", "tcp://127.0.0.1:1")
+    assert proc.returncode == 0, proc.stderr
+    assert not probe(pid, tmp_path)["agent_running"]
+    proc = dyper("detach", str(pid), "--monitor", "tcp://127.0.0.1:1")
+    assert proc.returncode == 1 and "no dyper agent is running" in proc.stderr
+
+
+def _one_line_error(proc: subprocess.CompletedProcess[str], *words: str) -> None:
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+def test_attach_errors_are_one_line():
+    _one_line_error(dyper("attach", "999999999"), "no process with PID 999999999")
+    _one_line_error(dyper("attach", "abc"), "not a process id")
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        _one_line_error(dyper("attach", str(sleeper.pid)), "not a CPython process")
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+@pytest.mark.skipif(not os.path.exists("/root/.pyenv/versions/3.10.13/bin/python"), reason="no Python 3.10 here")
+def test_attach_refuses_old_python():
+    old = subprocess.Popen(["/root/.pyenv/versions/3.10.13/bin/python", "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(0.3)
+        _one_line_error(dyper("attach", str(old.pid)), "3.10")
+    finally:
+        old.kill()
+        old.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/usr/bin/setpriv"), reason="needs root to drop privileges")
+def test_attach_without_permission_says_so(sleeping_main_target):
+    # An unprivileged user may not ptrace root's process.
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    if subprocess.run([*nobody, sys.executable, "-c", "import monitor"], capture_output=True,
+                      cwd=Path(__file__).resolve().parents[2]).returncode != 0:
+        pytest.skip("this interpreter cannot run as an unprivileged user here (its files are private to root)")
+    proc = subprocess.run(
+        [*nobody, sys.executable, "-m", "monitor", "attach", str(sleeping_main_target.pid)],
+        capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[2],
+        env=dict(os.environ, HOME="/tmp"),
+    )
+    _one_line_error(proc, "cannot ptrace", "uid")
