@@ -55,6 +55,10 @@ def top_view(
 ) -> dict[str, Any]:
     profile = Profile.from_session(session, window_s)
     rows = profile.functions("cpu", charge_libraries=charge_libraries, floor_pct=DEFAULT_FLOOR_PCT)
+    wall = {(r["file"], r["name"], r["line"]): r for r in profile.functions("wall", charge_libraries=charge_libraries)}
+    for r in rows:
+        w = wall.get((r["file"], r["name"], r["line"]))
+        r["wall_self_pct"] = w["self_pct"] if w else 0.0
     return {
         "session": session_info(session),
         "samples_per_s": samples_per_s(session),
@@ -94,12 +98,14 @@ def render_top(view: dict[str, Any], title: str | None = None) -> Group:
     table = Table(title=title, expand=False, show_edge=False, header_style="bold")
     table.add_column("self %", justify="right")
     table.add_column("total %", justify="right")
+    table.add_column("wall self %", justify="right", style="dim")
     table.add_column("function")
     table.add_column("where", style="dim")
     for row in view["functions"]:
         table.add_row(
             f"{row['self_pct']:5.1f}",
             f"{row['total_pct']:5.1f}",
+            f"{row['wall_self_pct']:5.1f}" if "wall_self_pct" in row else "",
             row["name"],
             f"{_short(row['file'])}:{row['line']}",
         )

@@ -33,7 +33,7 @@ def render_report(n: int) -> str:
 def update_stats(key: str) -> None:
     with STATS_LOCK:
         total = 0
-        for i in range(20_000):
+        for i in range(200_000):
             total += i % 7
         STATS[key] = STATS.get(key, 0) + total
 
@@ -76,7 +76,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.path.startswith("/report"):
-            body = render_report(400).encode()
+            body = render_report(8000).encode()
         elif self.path.startswith("/stats"):
             update_stats(self.path)
             body = b"ok"
