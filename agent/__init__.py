@@ -15,6 +15,7 @@ ZeroMQ, msgpack and the sampler load on ``start``.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ipaddress
 import os
 import threading
@@ -168,11 +169,7 @@ def _after_fork_in_child() -> None:
     _agent = None
     if parent is not None:
         for fd in (parent._wake_r, parent._wake_w):
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
-        try:
+        with contextlib.suppress(Exception):  # never break the child over profiling
             start(parent.endpoint, parent.budget, ceiling=parent.ceiling)
-        except Exception:  # never break the child over profiling
-            pass

@@ -17,6 +17,7 @@ Everything here runs in someone's production process, so:
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import random
 import socket
@@ -25,6 +26,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from types import FrameType
 from typing import Any, Final
 
 import zmq
@@ -33,8 +35,9 @@ from agent import protocol
 from agent.budget import Guard, Plan, plan
 from agent.tables import Tables
 
+_fast: Any
 try:  # the optional C walker (agent/_fastsample.c); the pure-Python one is the reference
-    from agent import _fastsample as _fast
+    _fast = importlib.import_module("agent._fastsample")
 except ImportError:  # not built for this interpreter
     _fast = None
 
@@ -85,9 +88,8 @@ def _argv() -> list[str]:
 
 def _name_os_thread(name: str) -> None:
     """Give the current thread an OS-level name, visible in ``top -H`` and ``ps -T``."""
-    with contextlib.suppress(OSError):
-        with open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as f:
-            f.write(name[:15])
+    with contextlib.suppress(OSError), open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as f:
+        f.write(name[:15])
 
 
 class Agent:
@@ -265,7 +267,7 @@ class Agent:
                 self._pending_budget = None
                 self._apply_budget(budget)
                 next_sample = min(next_sample, self.clock() + self.plan.sample_delay_s)
-            timeout_ms = max(0.0, (min(next_sample, next_report) - self.clock()) * 1000.0)
+            timeout_ms = max(0, int((min(next_sample, next_report) - self.clock()) * 1000.0))
             for item, _ in poller.poll(timeout_ms):
                 if item == self._wake_r:
                     with contextlib.suppress(OSError):
@@ -326,7 +328,7 @@ class Agent:
                 continue
             stack: list[int] = []
             push = stack.append
-            f = frame
+            f: FrameType | None = frame
             while f is not None:
                 code = f.f_code
                 # One int instead of a tuple: user-space addresses fit in 48
@@ -463,4 +465,3 @@ class Agent:
                 budget = body.get("budget")
                 if isinstance(budget, int | float) and 0 < budget <= 0.5:
                     self._apply_budget(float(budget))
-

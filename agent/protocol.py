@@ -129,9 +129,7 @@ def _list_of(check: _Check) -> _Check:
 
 
 def _tuple_of(*checks: _Check) -> _Check:
-    return lambda v: (
-        isinstance(v, list) and len(v) == len(checks) and all(c(x) for c, x in zip(checks, v, strict=True))
-    )
+    return lambda v: isinstance(v, list) and len(v) == len(checks) and all(c(x) for c, x in zip(checks, v, strict=True))
 
 
 def _map_of(check: _Check) -> _Check:

@@ -46,6 +46,7 @@ def _effect(ins: dis.Instruction) -> int:
         return dis.stack_effect(ins.opcode, ins.arg)
     return dis.stack_effect(ins.opcode)
 
+
 _LOADS = frozenset(
     {"LOAD_ATTR", "LOAD_METHOD", "LOAD_GLOBAL", "LOAD_NAME", "LOAD_DEREF", "LOAD_FAST", "LOAD_SUPER_ATTR"}
 )
@@ -62,9 +63,7 @@ def _instructions(code: CodeType) -> tuple[list[int], list[dis.Instruction]]:
     if entry is None or entry[0] is not code:
         # PRECALL stays: 3.11's specialised PRECALL makes the C call itself,
         # so a thread blocked in C can sit there rather than at the CALL.
-        instructions = [
-            ins for ins in dis.get_instructions(code) if ins.opname not in _SKIP or ins.opname == "PRECALL"
-        ]
+        instructions = [ins for ins in dis.get_instructions(code) if ins.opname not in _SKIP or ins.opname == "PRECALL"]
         entry = (code, [ins.offset for ins in instructions], instructions)
         if len(_decoded) >= _DECODED_CACHE_SIZE:
             del _decoded[next(iter(_decoded))]

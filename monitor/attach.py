@@ -40,7 +40,7 @@ class Attached:
     token: str
 
 
-_BOOTSTRAP = r'''
+_BOOTSTRAP = r"""
 import json as _json, os as _os, sys as _sys
 
 def _dyper_bootstrap(action, params, result_path):
@@ -102,7 +102,7 @@ def _dyper_bootstrap(action, params, result_path):
     with open(tmp, "w") as f:
         _json.dump(result, f)
     _os.replace(tmp, result_path)
-'''
+"""
 
 
 def bootstrap_source(action: str, params: dict[str, Any], result_path: str) -> str:

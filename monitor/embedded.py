@@ -108,8 +108,12 @@ async def _watch(
     if options.live and console.is_terminal:
         from rich.live import Live
 
-        live = Live(render_waiting("waiting for the agent's first report", began), console=console,
-                    refresh_per_second=4, transient=True)
+        live = Live(
+            render_waiting("waiting for the agent's first report", began),
+            console=console,
+            refresh_per_second=4,
+            transient=True,
+        )
         live.start()
     try:
         while True:
@@ -134,7 +138,7 @@ async def _watch(
 
 
 def _title(options: Options) -> str:
-    window = "last %.0fs" % options.window_s if options.window_s else "whole run"
+    window = f"last {options.window_s:.0f}s" if options.window_s else "whole run"
     return f"top functions by self cpu ({window}); Ctrl-C to stop"
 
 

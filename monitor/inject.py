@@ -195,9 +195,7 @@ _RED_ZONE_SKIP: Final = 1024  # > the 128-byte SysV red zone, generously
 # the stack-cache lock around munmap at thread exit).  Calling malloc or
 # pthread_create on a thread stopped in one of them could self-deadlock.
 _UNSAFE_LIBC_SYSCALLS: Final = frozenset({9, 10, 11, 12, 25, 28, 56, 57, 58, 59, 60, 231, 322, 435})
-_SYNC_FAULTS: Final = frozenset(
-    {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGTRAP}
-)
+_SYNC_FAULTS: Final = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGTRAP})
 # Signals deferred (blocked in the calling thread) while the target thread
 # runs with our registers, so Ctrl-C/SIGTERM don't interrupt an injection.
 _DEFERRED_SIGNALS: Final = frozenset(
@@ -338,11 +336,7 @@ def _parse_elf(f: BinaryIO) -> _ElfInfo:
         dynsym = elf.get_section_by_name(".dynsym")
         if isinstance(dynsym, SymbolTableSection):
             for sym in dynsym.iter_symbols():
-                if (
-                    sym.name in _WANTED_SYMBOLS
-                    and sym["st_shndx"] != "SHN_UNDEF"
-                    and sym["st_value"]
-                ):
+                if sym.name in _WANTED_SYMBOLS and sym["st_shndx"] != "SHN_UNDEF" and sym["st_value"]:
                     symbols.setdefault(sym.name, int(sym["st_value"]))
     return _ElfInfo(
         e_type=str(elf["e_type"]),
@@ -500,24 +494,19 @@ def _preflight(pid: int) -> _Target:
     try:
         st = _status(f"/proc/{pid}/status")
     except FileNotFoundError:
-        raise InjectError(
-            f"no process with PID {pid}; check the PID with `ps` or `pgrep -f python`"
-        ) from None
+        raise InjectError(f"no process with PID {pid}; check the PID with `ps` or `pgrep -f python`") from None
     except OSError as e:
         raise InjectError(f"cannot read /proc/{pid}/status ({e.strerror}); check the PID") from None
     if st.get("Tgid", str(pid)) != str(pid):
         raise InjectError(
-            f"{pid} is a thread of process {st.get('Tgid')}; pass the process id "
-            f"{st.get('Tgid')} instead"
+            f"{pid} is a thread of process {st.get('Tgid')}; pass the process id {st.get('Tgid')} instead"
         )
     if pid == os.getpid():
         raise InjectError("cannot attach to dyper's own process; pass another PID")
     name = st.get("Name", "?")
     state = st.get("State", "?")
     if state[:1] in ("Z", "X"):
-        raise InjectError(
-            f"process {pid} ({name}) is exiting (state {state}); nothing to attach to"
-        )
+        raise InjectError(f"process {pid} ({name}) is exiting (state {state}); nothing to attach to")
     # Already traced (gdb, strace, py-spy --native, another dyper)?  Checked
     # before the state and permission checks: it is the real cause of both.
     for task in _list_tasks(pid):
@@ -532,10 +521,7 @@ def _preflight(pid: int) -> _Target:
                 "is allowed at a time)"
             )
     if state[:1] in ("T", "t"):
-        raise InjectError(
-            f"process {pid} ({name}) is stopped (state {state}); resume it with `kill -CONT {pid}` "
-            "first"
-        )
+        raise InjectError(f"process {pid} ({name}) is stopped (state {state}); resume it with `kill -CONT {pid}` first")
 
     try:
         target_uid = int(st.get("Uid", "0").split()[1])
@@ -558,8 +544,7 @@ def _preflight(pid: int) -> _Target:
         raise InjectError(f"no process with PID {pid} (it just exited)") from None
     except OSError as e:
         raise InjectError(
-            f"cannot inspect process {pid} ({name}): {e.strerror}; it may be a kernel "
-            "thread, or run dyper with sudo"
+            f"cannot inspect process {pid} ({name}): {e.strerror}; it may be a kernel thread, or run dyper with sudo"
         ) from None
 
     # Architecture of the target executable (e.g. an i386 python on x86_64).
@@ -576,8 +561,7 @@ def _preflight(pid: int) -> _Target:
             e_machine, f"e_machine {e_machine}"
         )
         raise InjectError(
-            f"process {pid} ({name}) is a {arch} binary; dyper attach supports only "
-            "64-bit x86_64 targets"
+            f"process {pid} ({name}) is a {arch} binary; dyper attach supports only 64-bit x86_64 targets"
         )
 
     # Find the interpreter: a mapped libpython3.X.so, else the executable
@@ -589,9 +573,7 @@ def _preflight(pid: int) -> _Target:
             seen.add(m.path)
             paths.append(m.path)
     libpython_path = next((p for p in paths if _LIBPYTHON_RE.match(_basename(p))), None)
-    py_path = libpython_path or next(
-        (p for p in paths if p.removesuffix(" (deleted)") == exe), None
-    )
+    py_path = libpython_path or next((p for p in paths if p.removesuffix(" (deleted)") == exe), None)
     not_python = InjectError(
         f"process {pid} ({name}, {exe}) is not a CPython process: no libpython3.X.so or "
         "python executable with Py_ symbols is mapped; pass the PID of the python process "
@@ -612,9 +594,7 @@ def _preflight(pid: int) -> _Target:
     # older versions lack it, so fall back to the library/executable name.
     if "Py_Version" in py_elf.symbols:
         try:
-            (hexversion,) = struct.unpack(
-                "<Q", _read_mem(pid, py_bias + py_elf.symbols["Py_Version"], 8)
-            )
+            (hexversion,) = struct.unpack("<Q", _read_mem(pid, py_bias + py_elf.symbols["Py_Version"], 8))
         except OSError as e:
             raise InjectError(f"cannot read Py_Version of process {pid}: {e}") from None
         version = ((hexversion >> 24) & 0xFF, (hexversion >> 16) & 0xFF, (hexversion >> 8) & 0xFF)
@@ -662,9 +642,7 @@ def _preflight(pid: int) -> _Target:
             f"{py_path} of process {pid} does not export {', '.join(missing)}; this CPython "
             "build is not supported by dyper attach"
         )
-    libc_path = next(
-        (p for p in paths if p in libc and not _basename(p).startswith("libpthread")), None
-    )
+    libc_path = next((p for p in paths if p in libc and not _basename(p).startswith("libpthread")), None)
     if libc_path is None:
         raise InjectError(
             f"process {pid} ({name}) has no shared libc mapped (fully static binary?); "
@@ -678,9 +656,7 @@ def _preflight(pid: int) -> _Target:
     libc_bias = _load_bias(libc_elf, libc_path, maps)
     for sname in _LIBC_SYMBOLS:
         if sname not in libc_elf.symbols:
-            raise InjectError(
-                f"{libc_path} of process {pid} does not export {sname}; unsupported libc"
-            )
+            raise InjectError(f"{libc_path} of process {pid} does not export {sname}; unsupported libc")
         syms[sname] = libc_bias + libc_elf.symbols[sname]
 
     # CET user shadow stacks: the `ret` of a function we entered by setting
@@ -692,10 +668,7 @@ def _preflight(pid: int) -> _Target:
         )
     restore_rt = _find_restore_rt(pid, maps, libc_path)
     if restore_rt is None:
-        raise InjectError(
-            f"cannot find the rt_sigreturn trampoline in {libc_path} of process {pid}; "
-            "unsupported libc"
-        )
+        raise InjectError(f"cannot find the rt_sigreturn trampoline in {libc_path} of process {pid}; unsupported libc")
     syms["__restore_rt"], syms["__restore_rt_end"] = restore_rt
     return _Target(info, syms, tuple(maps), libc, ldso, alloc, interp)
 
@@ -889,9 +862,9 @@ def _fpstate_image(xstate: bytes | None, fxsave: bytes | None) -> tuple[bytes, b
             if xcr0 & _XFEATURE_MASK_XTILE_DATA and max_size - _XTILE_DATA_SIZE >= 576:
                 default_size = max_size - _XTILE_DATA_SIZE
             img = bytearray(xstate) + bytes(4)
-            img[464:512] = struct.pack(
-                "<IIQI", _FP_XSTATE_MAGIC1, default_size + 4, xcr0, default_size
-            ).ljust(48, b"\0")
+            img[464:512] = struct.pack("<IIQI", _FP_XSTATE_MAGIC1, default_size + 4, xcr0, default_size).ljust(
+                48, b"\0"
+            )
             struct.pack_into("<I", img, default_size, _FP_XSTATE_MAGIC2)
             struct.pack_into("<I", img, max_size, _FP_XSTATE_MAGIC2)
             return bytes(img), True
@@ -1011,9 +984,7 @@ class _Tracee:
         if self._have_syscall_info:
             buf = ctypes.create_string_buffer(_SYSCALL_INFO_SIZE)
             try:
-                _ptrace(
-                    _PTRACE_GET_SYSCALL_INFO, self.tid, _SYSCALL_INFO_SIZE, ctypes.addressof(buf)
-                )
+                _ptrace(_PTRACE_GET_SYSCALL_INFO, self.tid, _SYSCALL_INFO_SIZE, ctypes.addressof(buf))
                 op = buf.raw[0]
                 if op in (1, 2):  # PTRACE_SYSCALL_INFO_ENTRY / _EXIT
                     self.in_syscall = op == 1
@@ -1302,11 +1273,7 @@ class _Tracee:
             if sig == _SYSCALL_STOP:
                 if self.running_call:
                     now = self.getregs()
-                    if (
-                        self.in_syscall
-                        and now[_R["orig_rax"]] == _NR_RT_SIGRETURN
-                        and now[_R["rsp"]] == u
-                    ):
+                    if self.in_syscall and now[_R["orig_rax"]] == _NR_RT_SIGRETURN and now[_R["rsp"]] == u:
                         self.running_call = False
                         self.at_sigreturn = True
                         continue  # stopped at our rt_sigreturn: good place
@@ -1551,9 +1518,7 @@ def _build_stub(*, page: int, size: int, syms: dict[str, int]) -> bytes:
     )
 
 
-_STUB_LEN: Final = len(
-    _build_stub(page=0, size=0, syms=dict.fromkeys(_PY_SYMBOLS + _LIBC_SYMBOLS, 0))
-)
+_STUB_LEN: Final = len(_build_stub(page=0, size=0, syms=dict.fromkeys(_PY_SYMBOLS + _LIBC_SYMBOLS, 0)))
 _SRC_OFFSET: Final = (_STUB_LEN + 15) & ~15
 
 
@@ -1686,9 +1651,7 @@ def _try_thread(target: _Target, tid: int, payload: bytes, deadline: float) -> s
             if not os.path.exists(f"/proc/{pid}"):
                 raise InjectError(f"process {pid} exited during injection") from None
             if injecting:
-                raise InjectError(
-                    f"thread {tid} of process {pid} exited during injection; retry"
-                ) from None
+                raise InjectError(f"thread {tid} of process {pid} exited during injection; retry") from None
             return f"thread went away ({e})"
         except OSError as e:
             if not os.path.exists(f"/proc/{pid}"):
@@ -1750,9 +1713,7 @@ def _inject_remote_exec(target: _Target, source: str, timeout: float) -> None:
     fd, host_path = tempfile.mkstemp(prefix="dyper-inject-", suffix=".py", dir=root_tmp)
     target_path = "/tmp/" + os.path.basename(host_path)
     body = _wrap_source(source)[:-1].decode("utf-8")
-    script = (
-        f"try:\n    __import__('os').unlink({target_path!r})\nexcept OSError:\n    pass\n{body}"
-    )
+    script = f"try:\n    __import__('os').unlink({target_path!r})\nexcept OSError:\n    pass\n{body}"
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(script)

@@ -97,14 +97,12 @@ class Profile:
     @classmethod
     def from_json(cls, data: Any, origin: str = "profile") -> Profile:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise ValueError(f"{origin} is not a dyper profile (no \"format\": \"{FORMAT}\")")
+            raise ValueError(f'{origin} is not a dyper profile (no "format": "{FORMAT}")')
         if data.get("version") != FORMAT_VERSION:
             raise ValueError(f"{origin}: profile format version {data.get('version')} is not supported")
         try:
             frames = [Frame(str(f[0]), str(f[1]), int(f[2]), int(f[3])) for f in data["frames"]]
-            stacks = [
-                StackCount(int(s[0]), tuple(int(i) for i in s[3]), int(s[1]), int(s[2])) for s in data["stacks"]
-            ]
+            stacks = [StackCount(int(s[0]), tuple(int(i) for i in s[3]), int(s[1]), int(s[2])) for s in data["stacks"]]
             threads = {int(k): str(v) for k, v in data.get("threads", {}).items()}
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise ValueError(f"{origin}: malformed dyper profile ({type(exc).__name__}: {exc})") from None
@@ -201,7 +199,7 @@ class Profile:
             # A recursive function is counted once per stack, not once per frame.
             for k in {keys[i] for i in frames}:
                 total_counts[k] = total_counts.get(k, 0) + n
-        rows = []
+        rows: list[dict[str, Any]] = []
         for k, total in total_counts.items():
             own = self_counts.get(k, 0)
             total_pct = 100.0 * total / grand if grand else 0.0

@@ -23,12 +23,20 @@ if [ ${#pythons[@]} -eq 0 ]; then
 fi
 
 status=0
+first=1
 for py in "${pythons[@]}"; do
   ver=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
   venv=".venv-$ver"
   echo "=== Python $ver ($py) ==="
   [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
   "$venv/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]'
+  if [ $first = 1 ]; then
+    # The style guide's static checks, once, with the oldest supported Python.
+    echo "--- ruff and mypy --strict"
+    "$venv/bin/python" -m ruff check agent monitor proflets tests bench || status=1
+    "$venv/bin/python" -m mypy agent monitor proflets || status=1
+    first=0
+  fi
   "$venv/bin/python" -m pytest "$@" || status=$?
 done
 exit $status

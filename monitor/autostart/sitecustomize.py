@@ -50,4 +50,3 @@ def _dyper_autostart() -> None:
 
 
 _dyper_autostart()
-del _dyper_autostart, _dyper_chain

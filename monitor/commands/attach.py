@@ -19,7 +19,8 @@ from rich.console import Console
 
 from monitor.attach import AttachError, attach
 from monitor.commands import CliError, add_output_arguments, budget_arg, duration_arg, pid_arg
-from monitor.embedded import Monitor, Options, detach_via, finish_output, profile_target
+from monitor.embedded import Options, detach_via, finish_output, profile_target
+from monitor.server import Monitor
 
 NAME = "attach"
 

@@ -40,8 +40,16 @@ def run(args: argparse.Namespace) -> int:
         time.sleep(0.5)  # let the load generator warm up
         print(f"attaching dyper to pid {service.pid} at {100 * args.budget:g}% budget ...")
         attach_args = argparse.Namespace(
-            pid=service.pid, budget=args.budget, ceiling=None, duration=args.duration, monitor=None,
-            window=10.0, quiet=False, output=args.output, metric="cpu", libraries=False,
+            pid=service.pid,
+            budget=args.budget,
+            ceiling=None,
+            duration=args.duration,
+            monitor=None,
+            window=10.0,
+            quiet=False,
+            output=args.output,
+            metric="cpu",
+            libraries=False,
         )
         return attach_cmd.run(attach_args)
     finally:

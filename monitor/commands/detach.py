@@ -21,8 +21,12 @@ NAME = "detach"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("pid", type=pid_arg)
-    parser.add_argument("--monitor", metavar="ENDPOINT", default=DEFAULT_MONITOR,
-                        help=f"the standing monitor (default {DEFAULT_MONITOR})")
+    parser.add_argument(
+        "--monitor",
+        metavar="ENDPOINT",
+        default=DEFAULT_MONITOR,
+        help=f"the standing monitor (default {DEFAULT_MONITOR})",
+    )
 
 
 def _via_monitor(endpoint: str, pid: int) -> bool:

@@ -27,8 +27,12 @@ NAME = "monitor"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--listen", metavar="ENDPOINT", default=DEFAULT_MONITOR,
-                        help=f"where agents and clients connect (default {DEFAULT_MONITOR})")
+    parser.add_argument(
+        "--listen",
+        metavar="ENDPOINT",
+        default=DEFAULT_MONITOR,
+        help=f"where agents and clients connect (default {DEFAULT_MONITOR})",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

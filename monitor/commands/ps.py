@@ -27,8 +27,12 @@ _PYTHON = re.compile(r"^python(\d+(\.\d+)*)?[a-z]*$")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--monitor", metavar="ENDPOINT", default=DEFAULT_MONITOR,
-                        help=f"the standing monitor to ask about monitored processes (default {DEFAULT_MONITOR})")
+    parser.add_argument(
+        "--monitor",
+        metavar="ENDPOINT",
+        default=DEFAULT_MONITOR,
+        help=f"the standing monitor to ask about monitored processes (default {DEFAULT_MONITOR})",
+    )
     parser.add_argument("--json", action="store_true", help='[{"pid", "argv", "attached", "monitored"}]')
 
 
@@ -68,7 +72,9 @@ def python_processes(monitored: set[int]) -> list[dict[str, Any]]:
             argv = proc.cmdline()
         except psutil.Error:
             continue
-        rows.append({"pid": proc.pid, "argv": argv, "attached": has_agent(proc.pid), "monitored": proc.pid in monitored})
+        rows.append(
+            {"pid": proc.pid, "argv": argv, "attached": has_agent(proc.pid), "monitored": proc.pid in monitored}
+        )
     return rows
 
 
@@ -89,8 +95,12 @@ def run(args: argparse.Namespace) -> int:
     for col in ("pid", "attached", "monitored", "command"):
         table.add_column(col)
     for r in rows:
-        table.add_row(str(r["pid"]), "yes" if r["attached"] else "no", "yes" if r["monitored"] else "no",
-                      " ".join(r["argv"])[:100])
+        table.add_row(
+            str(r["pid"]),
+            "yes" if r["attached"] else "no",
+            "yes" if r["monitored"] else "no",
+            " ".join(r["argv"])[:100],
+        )
     console.print(table)
     if not reachable:
         console.print(f"[dim]no monitor at {args.monitor}: 'monitored' is unknown (start one: dyper monitor)[/]")

@@ -24,7 +24,8 @@ from pathlib import Path
 from rich.console import Console
 
 from monitor.commands import CliError, add_output_arguments, budget_arg, duration_arg
-from monitor.embedded import Monitor, Options, finish_output, profile_target
+from monitor.embedded import Options, finish_output, profile_target
+from monitor.server import Monitor
 
 NAME = "run"
 AUTOSTART_DIR = str(Path(__file__).resolve().parent.parent / "autostart")
@@ -59,7 +60,8 @@ class Child:
 
             await detach_via(monitor, self.pid)
         # Ctrl-C already reached the child through the terminal; give it a moment.
-        for sig, wait in ((None, 3.0 if reason == "interrupted" else 0.0), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        grace = 3.0 if reason == "interrupted" else 0.0
+        for sig, wait in ((None, grace), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
             if sig is not None and self.proc.returncode is None:
                 self.proc.send_signal(sig)
             try:

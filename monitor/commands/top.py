@@ -25,8 +25,12 @@ NAME = "top"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("pid", type=pid_arg, nargs="?")
-    parser.add_argument("--monitor", metavar="ENDPOINT", default=DEFAULT_MONITOR,
-                        help=f"the standing monitor (default {DEFAULT_MONITOR})")
+    parser.add_argument(
+        "--monitor",
+        metavar="ENDPOINT",
+        default=DEFAULT_MONITOR,
+        help=f"the standing monitor (default {DEFAULT_MONITOR})",
+    )
     parser.add_argument("--window", type=duration_arg, help="the last N seconds only (default: whole run)")
     parser.add_argument("--libraries", action="store_true", help="charge library time to the calling app line")
     parser.add_argument("--once", action="store_true", help="print the view once and exit")
@@ -39,8 +43,12 @@ def _sessions_table(sessions: list[dict[str, Any]]) -> Table:
         table.add_column(col)
     for s in sessions:
         table.add_row(
-            str(s["pid"]), "attached" if s["connected"] else "gone", f"{s['samples']:,}",
-            f"{100 * s['overhead']:.2f}%", f"{100 * s['budget']:.2f}%", " ".join(s["argv"])[:80],
+            str(s["pid"]),
+            "attached" if s["connected"] else "gone",
+            f"{s['samples']:,}",
+            f"{100 * s['overhead']:.2f}%",
+            f"{100 * s['budget']:.2f}%",
+            " ".join(s["argv"])[:80],
         )
     return table
 

@@ -57,7 +57,9 @@ class StandingMonitor:
     def start(self) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "monitor", "monitor", "--listen", self.endpoint],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=REPO,
         )
         from monitor.client import MonitorClient, MonitorUnreachable
 

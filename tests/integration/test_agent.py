@@ -102,8 +102,10 @@ def test_detach_from_the_monitor_stops_the_agent(monitor_thread, atexit_spy):
     from agent import protocol
 
     monitor_thread.loop.call_soon_threadsafe(m.send_to_pid, os.getpid(), protocol.DETACH, {})
-    wait_for(lambda: not agent.is_running() and not any(t.name == "dyper-sampler" for t in threading.enumerate()),
-             what="agent gone")
+    wait_for(
+        lambda: not agent.is_running() and not any(t.name == "dyper-sampler" for t in threading.enumerate()),
+        what="agent gone",
+    )
     assert atexit_spy.registered == []  # the sampler's exit removed the hook
     wait_for(lambda: not m.session_for(os.getpid()).connected, what="bye")
 

@@ -74,7 +74,7 @@ def test_attach_gives_the_known_split_while_main_thread_sleeps(sleeping_main_tar
     target = sleeping_main_target
     out = tmp_path / "prof.json"
     dyper("attach", str(target.pid), "--budget", "5%", "--duration", "6", "-o", str(out), check=True)
-    heavy, light = split_shares(load_json(out))
+    heavy, _ = split_shares(load_json(out))
     assert abs(heavy - truth_share(target.heartbeat)) <= 5.0, (heavy, truth_share(target.heartbeat))
     assert target.poll() is None  # still running
     assert not probe(target.pid, tmp_path)["agent_running"]  # detached at the end
@@ -90,8 +90,8 @@ def test_detach_leaves_the_process_as_it_was_and_reattach_works(sleeping_main_ta
             attach(target.pid, monitor.endpoint, 0.05)
             if cycle in (0, 19):
                 session = wait_for(lambda: monitor.monitor.session_for(target.pid), what="session")
-                samples = session.samples
-                wait_for(lambda: session.samples > samples, what=f"reports in cycle {cycle}")
+                seen = session.samples
+                wait_for(lambda s=session, n=seen: s.samples > n, what=f"reports in cycle {cycle}")
             assert detach(target.pid), "no agent was running"
         assert threads_and_fds(target.pid) == counts
     finally:
@@ -159,12 +159,21 @@ def test_attach_refuses_old_python():
 def test_attach_without_permission_says_so(sleeping_main_target):
     # An unprivileged user may not ptrace root's process.
     nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-    if subprocess.run([*nobody, sys.executable, "-c", "import monitor"], capture_output=True,
-                      cwd=Path(__file__).resolve().parents[2]).returncode != 0:
+    if (
+        subprocess.run(
+            [*nobody, sys.executable, "-c", "import monitor"],
+            capture_output=True,
+            cwd=Path(__file__).resolve().parents[2],
+        ).returncode
+        != 0
+    ):
         pytest.skip("this interpreter cannot run as an unprivileged user here (its files are private to root)")
     proc = subprocess.run(
         [*nobody, sys.executable, "-m", "monitor", "attach", str(sleeping_main_target.pid)],
-        capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
         env=dict(os.environ, HOME="/tmp"),
     )
     _one_line_error(proc, "cannot ptrace", "uid")

@@ -49,9 +49,7 @@ INTERPRETERS = [
     pytest.param(
         _pyenv_interpreter(minor),
         id=f"py3.{minor}",
-        marks=pytest.mark.skipif(
-            _pyenv_interpreter(minor) is None, reason=f"pyenv CPython 3.{minor} not installed"
-        ),
+        marks=pytest.mark.skipif(_pyenv_interpreter(minor) is None, reason=f"pyenv CPython 3.{minor} not installed"),
     )
     for minor in (11, 12, 13)
 ]
@@ -354,9 +352,7 @@ def test_twenty_injections_in_a_row(spawn: Callable[..., Target], python: str) -
 
 
 @pytest.mark.parametrize("python", INTERPRETERS)
-def test_injected_exceptions_never_hurt_the_target(
-    spawn: Callable[..., Target], python: str
-) -> None:
+def test_injected_exceptions_never_hurt_the_target(spawn: Callable[..., Target], python: str) -> None:
     """SystemExit in injected code would make PyRun_SimpleString exit the
     whole process; our wrapper must print it and carry on."""
     target = spawn(python, SLEEPER_WITH_WORKER)
@@ -364,9 +360,9 @@ def test_injected_exceptions_never_hurt_the_target(
     run_in_target(target.pid, "raise SystemExit(3)")
     run_in_target(target.pid, "1 / 0")
     # Two injected threads may print their tracebacks interleaved: wait for both.
-    assert wait_for(
-        lambda: "ZeroDivisionError" in target.stderr() and "SystemExit: 3" in target.stderr(), 10
-    ), target.stderr()
+    assert wait_for(lambda: "ZeroDivisionError" in target.stderr() and "SystemExit: 3" in target.stderr(), 10), (
+        target.stderr()
+    )
     assert target.alive()
     # Own namespace, not __main__'s.
     path = inject_write(target, "name", text="x")
@@ -467,9 +463,7 @@ def test_signals_arriving_during_injection(spawn: Callable[..., Target], python:
 
 
 @pytest.mark.parametrize("python", INTERPRETERS)
-def test_target_survives_injector_killed_mid_injection(
-    spawn: Callable[..., Target], python: str
-) -> None:
+def test_target_survives_injector_killed_mid_injection(spawn: Callable[..., Target], python: str) -> None:
     """SIGKILL the injecting process at random moments.  The kernel then
     detaches the target thread wherever it is - possibly inside one of our
     remote calls - and the thread must restore itself from the rt_sigframe
@@ -582,9 +576,7 @@ def avx_spin_lib(tmp_path_factory: pytest.TempPathFactory) -> str:
     if compiler is None:
         pytest.skip("no C compiler to build the AVX test library")
     avx512 = {"avx512f", "avx512vl", "avx512dq"} <= flags
-    src = _AVX_SPIN_ASM.format(
-        init512=_INIT512 if avx512 else "", check512=_CHECK512 if avx512 else ""
-    )
+    src = _AVX_SPIN_ASM.format(init512=_INIT512 if avx512 else "", check512=_CHECK512 if avx512 else "")
     d = tmp_path_factory.mktemp("avx")
     (d / "avx.S").write_text(src)
     lib = d / "libavxspin.so"
@@ -647,9 +639,7 @@ def test_thread_creation_failure_is_clean(tmp_path: Path) -> None:
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline() == b"up\n"
-        wx_before = [
-            ln for ln in Path(f"/proc/{proc.pid}/maps").read_text().splitlines() if "rwx" in ln
-        ]
+        wx_before = [ln for ln in Path(f"/proc/{proc.pid}/maps").read_text().splitlines() if "rwx" in ln]
         with pytest.raises(InjectError) as exc:
             run_in_target(proc.pid, f"open({str(tmp_path / 'never')!r}, 'w')")
         assert "PyThread_start_new_thread failed" in str(exc.value)
@@ -657,9 +647,7 @@ def test_thread_creation_failure_is_clean(tmp_path: Path) -> None:
         assert proc.poll() is None
         status = Path(f"/proc/{proc.pid}/status").read_text()
         assert re.search(r"^TracerPid:\s*0$", status, re.M)
-        wx_after = [
-            ln for ln in Path(f"/proc/{proc.pid}/maps").read_text().splitlines() if "rwx" in ln
-        ]
+        wx_after = [ln for ln in Path(f"/proc/{proc.pid}/maps").read_text().splitlines() if "rwx" in ln]
         assert wx_after == wx_before  # every page we mapped was unmapped again
         assert not (tmp_path / "never").exists()
     finally:

@@ -83,7 +83,8 @@ def test_killed_monitor_costs_the_target_nothing_and_agent_reconnects(standing_m
         standing_monitor.start()  # same port
         session = wait_for(
             lambda: (s := standing_monitor.session(target.pid)) and s["connected"] and s["samples"] and s,
-            timeout=20, what="reconnect",
+            timeout=20,
+            what="reconnect",
         )
         # The counts kept while the monitor was away arrive with the first report.
         assert session["samples"] > 100

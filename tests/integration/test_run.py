@@ -7,8 +7,21 @@ from tests.integration.conftest import TARGETS, dyper, load_json, split_shares, 
 
 def test_run_gives_the_known_split(tmp_path):
     out, truth = tmp_path / "prof.json", tmp_path / "truth"
-    proc = dyper("run", "--budget", "5%", "--duration", "6", "-o", str(out), "--",
-                 sys.executable, str(TARGETS / "split.py"), "--heartbeat", str(truth), check=True)
+    proc = dyper(
+        "run",
+        "--budget",
+        "5%",
+        "--duration",
+        "6",
+        "-o",
+        str(out),
+        "--",
+        sys.executable,
+        str(TARGETS / "split.py"),
+        "--heartbeat",
+        str(truth),
+        check=True,
+    )
     heavy, light = split_shares(load_json(out))
     assert abs(heavy - truth_share(truth)) <= 5.0, (heavy, light, truth_share(truth))
     profile = load_json(out)

@@ -53,9 +53,7 @@ def _start(procs: list[subprocess.Popen[bytes]], *argv: str) -> subprocess.Popen
     return p
 
 
-def _start_python(
-    procs: list[subprocess.Popen[bytes]], python: Path | str
-) -> subprocess.Popen[bytes]:
+def _start_python(procs: list[subprocess.Popen[bytes]], python: Path | str) -> subprocess.Popen[bytes]:
     """Start ``python`` sleeping, and wait until it is really the interpreter
     (libpython mapped / main module running), not a half-exec'ed child."""
     p = subprocess.Popen(
@@ -209,11 +207,7 @@ def test_permission_denied_other_uid(procs: list[subprocess.Popen[bytes]]) -> No
     # under /root, mode 700): prefer the system one, with our code and
     # pyelftools put on its path explicitly.
     python = next(
-        (
-            p
-            for p in ("/usr/bin/python3.11", "/usr/bin/python3", sys.executable)
-            if os.path.exists(p)
-        ),
+        (p for p in ("/usr/bin/python3.11", "/usr/bin/python3", sys.executable) if os.path.exists(p)),
     )
     code = (
         "import os, sys\n"

@@ -6,8 +6,17 @@ from agent.protocol import DecodeError, decode, encode, parse_budget
 
 
 def report(**over):
-    body = {"agent": "h:1:a", "seq": 0, "epoch": 0, "t": 1.0, "window_s": 1.0, "strings": [[0, "f.py"]],
-            "locs": [[0, 0, 0, 1, 2, 0]], "stacks": [[7, 3, [0]]], "samples": 3}
+    body = {
+        "agent": "h:1:a",
+        "seq": 0,
+        "epoch": 0,
+        "t": 1.0,
+        "window_s": 1.0,
+        "strings": [[0, "f.py"]],
+        "locs": [[0, 0, 0, 1, 2, 0]],
+        "stacks": [[7, 3, [0]]],
+        "samples": 3,
+    }
     body.update(over)
     return body
 
@@ -39,8 +48,15 @@ def test_malformed_frames_raise_decode_error(data):
 
 @pytest.mark.parametrize(
     "field, value",
-    [("seq", "zero"), ("stacks", [[1, 2]]), ("stacks", [[1, 2, ["x"]]]), ("locs", [[0, 0, 0, 1]]),
-     ("strings", [[0, 5]]), ("samples", True), ("t", None)],
+    [
+        ("seq", "zero"),
+        ("stacks", [[1, 2]]),
+        ("stacks", [[1, 2, ["x"]]]),
+        ("locs", [[0, 0, 0, 1]]),
+        ("strings", [[0, 5]]),
+        ("samples", True),
+        ("t", None),
+    ],
 )
 def test_wrong_types_are_rejected(field, value):
     with pytest.raises(DecodeError):

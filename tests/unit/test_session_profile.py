@@ -7,24 +7,54 @@ from monitor.exports import Collapsed, OwnJson, Speedscope, exporter_for
 from monitor.profile import Profile
 from monitor.session import FrameTable, Session, UnknownLocation
 
-HELLO = {"agent": "h:1:x", "host": "h", "pid": 1, "start_time": 100.0, "argv": ["python", "app.py"],
-         "python": "3.11.7", "budget": 0.01,
-         "paths": {"stdlib": "/usr/lib/python3.11", "purelib": "/site"}}
+HELLO = {
+    "agent": "h:1:x",
+    "host": "h",
+    "pid": 1,
+    "start_time": 100.0,
+    "argv": ["python", "app.py"],
+    "python": "3.11.7",
+    "budget": 0.01,
+    "paths": {"stdlib": "/usr/lib/python3.11", "purelib": "/site"},
+}
 
 
 def make_report(stacks, *, seq=0, with_tables=True, t=1000.0, samples=None):
     """stacks: list of (tid, count, [loc ids leaf first]). Locations:
     0 main (app.py:1), 1 f (app.py:10), 2 g (app.py:20), 3 sleep-call in main (blocking),
     4 json.dumps (stdlib), 5 recursive r (app.py:30)."""
-    strings = [[0, "/app/app.py"], [1, "main"], [2, "f"], [3, "g"], [4, "/usr/lib/python3.11/json/__init__.py"],
-               [5, "dumps"], [6, "r"]]
-    locs = [[0, 0, 1, 1, 2, 0], [1, 0, 2, 10, 11, 0], [2, 0, 3, 20, 21, 0], [3, 0, 1, 1, 3, LOC_BLOCKING],
-            [4, 4, 5, 200, 231, 0], [5, 0, 6, 30, 31, 0]]
-    return {"agent": "h:1:x", "seq": seq, "epoch": 0, "t": t, "window_s": 1.0,
-            "strings": strings if with_tables else [], "locs": locs if with_tables else [],
-            "stacks": [[tid, n, s] for tid, n, s in stacks],
-            "samples": samples if samples is not None else sum(n for _, n, _ in stacks),
-            "threads": [[7, "MainThread"], [8, "worker"]], "spent_s": 0.01, "elapsed_s": 1.0, "budget": 0.01}
+    strings = [
+        [0, "/app/app.py"],
+        [1, "main"],
+        [2, "f"],
+        [3, "g"],
+        [4, "/usr/lib/python3.11/json/__init__.py"],
+        [5, "dumps"],
+        [6, "r"],
+    ]
+    locs = [
+        [0, 0, 1, 1, 2, 0],
+        [1, 0, 2, 10, 11, 0],
+        [2, 0, 3, 20, 21, 0],
+        [3, 0, 1, 1, 3, LOC_BLOCKING],
+        [4, 4, 5, 200, 231, 0],
+        [5, 0, 6, 30, 31, 0],
+    ]
+    return {
+        "agent": "h:1:x",
+        "seq": seq,
+        "epoch": 0,
+        "t": t,
+        "window_s": 1.0,
+        "strings": strings if with_tables else [],
+        "locs": locs if with_tables else [],
+        "stacks": [[tid, n, s] for tid, n, s in stacks],
+        "samples": samples if samples is not None else sum(n for _, n, _ in stacks),
+        "threads": [[7, "MainThread"], [8, "worker"]],
+        "spent_s": 0.01,
+        "elapsed_s": 1.0,
+        "budget": 0.01,
+    }
 
 
 def session_with(*reports):
@@ -119,8 +149,14 @@ def test_exports(tmp_path):
         exporter_for("x.txt")
 
 
-@pytest.mark.parametrize("doc", [{}, {"format": "dyper-profile", "version": 7},
-                                 {"format": "dyper-profile", "version": 1, "frames": [], "stacks": [[1, 1, 1, [3]]]}])
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {},
+        {"format": "dyper-profile", "version": 7},
+        {"format": "dyper-profile", "version": 1, "frames": [], "stacks": [[1, 1, 1, [3]]]},
+    ],
+)
 def test_bad_saved_profiles_are_refused(tmp_path, doc):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(doc))
