@@ -55,9 +55,11 @@ def _dyper_bootstrap(action, params, result_path):
             if mod is not None and not getattr(mod, "__dyper__", False):
                 raise RuntimeError("the target already has a module named 'agent' that is not dyper's; "
                                    "start dyper from the program instead (dyper run)")
-            if mod is None:
+            if mod is None or "agent.core" not in _sys.modules:
+                # agent.core brings in msgpack and pyzmq: the real test of importability.
                 try:
                     import agent as mod
+                    import agent.core
                 except ImportError:
                     for path in params["paths"]:
                         if path not in _sys.path:
@@ -65,6 +67,7 @@ def _dyper_bootstrap(action, params, result_path):
                             added.append(path)
                     try:
                         import agent as mod
+                        import agent.core
                     except ImportError as exc:
                         raise RuntimeError(
                             "dyper's agent cannot be imported in the target (%s): install dyper in the "

@@ -177,3 +177,42 @@ def test_attach_without_permission_says_so(sleeping_main_target):
         env=dict(os.environ, HOME="/tmp"),
     )
     _one_line_error(proc, "cannot ptrace", "uid")
+
+
+def _bare_python(minor: int) -> str | None:
+    """A pyenv interpreter without dyper's dependencies, if this machine has one."""
+    import glob
+
+    found = sorted(glob.glob(f"/root/.pyenv/versions/3.{minor}.*/bin/python3.{minor}"))
+    if not found:
+        return None
+    ok = subprocess.run([found[-1], "-c", "import msgpack"], capture_output=True).returncode != 0
+    return found[-1] if ok else None
+
+
+def test_attach_makes_the_agent_importable_in_a_bare_interpreter_of_the_same_version(tmp_path):
+    bare = _bare_python(sys.version_info[1])
+    if bare is None:
+        pytest.skip("no bare interpreter of this version here")
+    target = start_target(str(TARGETS / "split.py"), "600", "--main-sleeps", python=bare)
+    try:
+        before = probe(target.pid, tmp_path)
+        out = tmp_path / "p.json"
+        dyper("attach", str(target.pid), "--budget", "5%", "--duration", "3", "-o", str(out), check=True)
+        assert load_json(out)["stacks"]
+        assert probe(target.pid, tmp_path)["sys_path"] == before["sys_path"]  # what we added is gone
+    finally:
+        stop(target)
+
+
+def test_errors_inside_the_target_come_back_to_the_cli():
+    others = [m for m in (11, 12, 13) if m != sys.version_info[1] and _bare_python(m)]
+    if not others:
+        pytest.skip("no bare interpreter of another supported version here")
+    target = start_target(str(TARGETS / "split.py"), "600", "--main-sleeps", python=_bare_python(others[0]))
+    try:
+        proc = dyper("attach", str(target.pid), "--duration", "2")
+        _one_line_error(proc, f"inside process {target.pid}", "install dyper in the target's environment")
+        assert target.poll() is None
+    finally:
+        stop(target)
