@@ -11,6 +11,8 @@ for minor in 11 12 13 14 15; do
   for cand in "python3.$minor" "$HOME/.pyenv/versions/3.$minor"*/bin/python3.$minor; do
     exe=$(command -v "$cand" 2>/dev/null || true)
     [ -n "$exe" ] && [ -x "$exe" ] || continue
+    # pyenv's shims exist for versions that are installed but not selected: they fail when run.
+    "$exe" -c 'import sys' >/dev/null 2>&1 || continue
     case " $seen " in *" 3.$minor "*) continue ;; esac
     seen="$seen 3.$minor"
     pythons+=("$exe")
