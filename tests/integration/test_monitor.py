@@ -28,7 +28,7 @@ def test_run_with_standing_monitor_top_ps_detach(standing_monitor, tmp_path):
     truth = tmp_path / "truth"
     target = start_with_agent(ep, str(TARGETS / "split.py"), "--heartbeat", str(truth))
     try:
-        wait_for(lambda: (s := standing_monitor.session(target.pid)) and s["samples"] > 300, what="samples")
+        wait_for(lambda: (s := standing_monitor.session(target.pid)) and s["samples"] > 1000, what="samples")
         top = json.loads(dyper("top", str(target.pid), "--monitor", ep, "--json", check=True).stdout)
         assert top["session"]["pid"] == target.pid
         assert {"heavy", "light", "work"} <= {r["name"] for r in top["by_total"]}
