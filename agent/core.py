@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import math
 import os
 import random
 import socket
@@ -56,6 +57,9 @@ INITIAL_SAMPLE_COST_S: Final = 200e-6
 INITIAL_REPORT_COST_S: Final = 2e-3
 #: How often the plan follows the measured costs, monitor or not.
 REPLAN_S: Final = 1.0
+#: Sample counts after which the plan is redone at once, so the first plan's
+#: deliberately high cost guess does not hold sampling back for a whole second.
+_EARLY_REPLANS: Final = frozenset({1, 2, 4, 8, 16, 32})
 #: How often to retry the hello while no monitor has accepted the connection.
 HELLO_RETRY_S: Final = 0.5
 #: Weight of a new measurement in the moving averages of costs.
@@ -136,12 +140,12 @@ class Agent:
         self.plan: Plan = plan(budget, self.sample_cost_s, self.report_cost_s)
         self._window_start = now
         self._window_costs = {"sample": 0.0, "report": 0.0, "detail": 0.0}
-        self._last_report_cost = 0.0
         self._bye_reason = "stop"
         self._hello_sent = False
         #: the costliest single operation so far: how far the ledger can be
         #: over the budget at any instant (see Guard.wait_needed)
         self.max_op_s = 0.0
+        self._samples_total = 0
         self._hello: dict[str, Any] | None = None
 
     # --- control, from any thread ---------------------------------------------------
@@ -252,22 +256,34 @@ class Agent:
                     self._window_costs["sample"] += spent
                     self.guard.charge(spent, self.clock())
                     self.max_op_s = max(self.max_op_s, spent)
-                    self.sample_cost_s += EWMA_ALPHA * (spent - self.sample_cost_s)
+                    # A plain mean over the first samples, then a moving average:
+                    # the plan follows real costs within a few samples of start.
+                    self._samples_total += 1
+                    alpha = max(EWMA_ALPHA, 1.0 / self._samples_total)
+                    self.sample_cost_s += alpha * (spent - self.sample_cost_s)
+                    if self._samples_total in _EARLY_REPLANS:
+                        self._replan()
                     next_sample = now + self._jitter(self.plan.sample_delay_s)
             if not self._hello_sent and now >= next_hello:
                 # Until the connection is up the hello cannot go; reports wait
                 # for it, their counts keep accumulating meanwhile.
                 self._hello_sent = self._send_hello(sock)
                 next_hello = now + HELLO_RETRY_S
-            if now >= next_report and self._hello_sent:
-                self._report(sock)
+            if now >= next_report:
+                if self._hello_sent:
+                    self._report(sock)
+                # Rescheduled even when no report could go (no monitor yet),
+                # or the loop would wake at once, again and again.
                 next_report = self.clock() + self._jitter(self.plan.report_delay_s, spread=0.1)
             budget = self._pending_budget
             if budget is not None:
                 self._pending_budget = None
                 self._apply_budget(budget)
                 next_sample = min(next_sample, self.clock() + self.plan.sample_delay_s)
-            timeout_ms = max(0, int((min(next_sample, next_report) - self.clock()) * 1000.0))
+            # Round up: a sub-millisecond wait truncated to poll(0) would make
+            # this loop spin, taking the GIL from the application each time.
+            remaining_ms = (min(next_sample, next_report) - self.clock()) * 1000.0
+            timeout_ms = math.ceil(remaining_ms) if remaining_ms > 0 else 0
             for item, _ in poller.poll(timeout_ms):
                 if item == self._wake_r:
                     with contextlib.suppress(OSError):
@@ -374,7 +390,8 @@ class Agent:
             "stacks": [[tid, n, list(stack)] for (tid, stack), n in self.counts.items()],
             "samples": self.samples_in_window,
             "threads": self._thread_names(),
-            "costs": dict(self._window_costs, report_prev=self._last_report_cost),
+            # this window's sampling and earlier reports; this report's own cost goes in the next
+            "costs": dict(self._window_costs),
             "spent_s": self.guard.spent_s,
             "elapsed_s": now - self.guard.started,
             "budget": self.budget,
@@ -395,7 +412,6 @@ class Agent:
             # Keep the counts: they go out with the next report that gets through.
             self.dropped["reports"] += 1
         spent = time.perf_counter() - t0
-        self._last_report_cost = spent
         self.max_op_s = max(self.max_op_s, spent)
         self._window_costs["report"] += spent
         self.guard.charge(spent, self.clock())
