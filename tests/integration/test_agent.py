@@ -148,3 +148,30 @@ def test_non_loopback_endpoint_is_refused():
     with pytest.raises(ValueError, match="not on loopback"):
         agent.start("tcp://10.1.2.3:7341")
     assert not agent.is_running()
+
+
+def test_sampler_loop_sleeps_between_samples_and_never_spins(monkeypatch):
+    # A loop that wakes with nothing to do takes the GIL from the application
+    # every time; with no monitor and a high budget it once spun thousands of
+    # times a second. Each wake-up must be a sample, a report or a hello retry.
+    import zmq
+
+    zero_polls = []
+    real_poll = zmq.Poller.poll
+
+    def counting_poll(self, timeout=None):  # type: ignore[no-untyped-def]
+        if not timeout:
+            zero_polls.append(timeout)
+        return real_poll(self, timeout)
+
+    monkeypatch.setattr(zmq.Poller, "poll", counting_poll)
+    agent.start(f"tcp://127.0.0.1:{free_port()}", "5%")
+    try:
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end:
+            sum(i * i for i in range(1000))
+        samples = agent._agent._samples_total
+    finally:
+        agent.stop()
+    assert samples > 20
+    assert len(zero_polls) < 20, f"{len(zero_polls)} zero-timeout polls for {samples} samples"
