@@ -12,10 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import sys
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -49,7 +48,6 @@ class Options:
     libraries: bool = False
     live: bool = True
     window_s: float | None = None
-    log_lines: list[str] = field(default_factory=list)
 
 
 def _session(monitor: Monitor, pid: int) -> Session | None:
@@ -204,6 +202,3 @@ def summary_view(profile: Profile, options: Options) -> dict[str, Any]:
         "dropped": p.get("dropped", {}),
     }
 
-
-def stderr_console() -> Console:
-    return Console(file=sys.stderr)

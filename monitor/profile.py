@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from monitor.session import Frame, Session
+from proflets import cpu
+from proflets.cpu import FLOOR_PCT
 
 FORMAT = "dyper-profile"
 FORMAT_VERSION = 1
 
-#: DYPER's cpu proflet shows only what is above 0.5%: below it a sampling
-#: profile is mostly noise.
-DEFAULT_FLOOR_PCT = 0.5
+DEFAULT_FLOOR_PCT = FLOOR_PCT  # the cpu proflet's floor, used by the views
 
 Metric = str  # "cpu" or "wall"
 
@@ -169,55 +169,14 @@ class Profile:
     def functions(
         self, metric: Metric = "cpu", *, charge_libraries: bool = False, floor_pct: float = 0.0
     ) -> list[dict[str, Any]]:
-        """Per function: self and total samples and percentages, sorted by self."""
-        return self._table(metric, charge_libraries, floor_pct, lambda f: f.function)
+        """Per function: self and total samples and percentages (the cpu proflet's table)."""
+        return cpu.function_table(self, metric, charge_libraries=charge_libraries, floor_pct=floor_pct)
 
     def lines(
         self, metric: Metric = "cpu", *, charge_libraries: bool = False, floor_pct: float = 0.0
     ) -> list[dict[str, Any]]:
-        """Per line: self and total samples and percentages, sorted by self."""
-        return self._table(metric, charge_libraries, floor_pct, lambda f: (f.file, f.name, f.line))
-
-    def _table(
-        self,
-        metric: Metric,
-        charge_libraries: bool,
-        floor_pct: float,
-        key_of: Callable[[Frame], tuple[str, str, int]],
-    ) -> list[dict[str, Any]]:
-        keys = [key_of(f) for f in self.frames]
-        self_counts: dict[tuple[str, str, int], int] = {}
-        total_counts: dict[tuple[str, str, int], int] = {}
-        grand = 0
-        for s, frames in self.charged_stacks(charge_libraries):
-            n = _value(s, metric)
-            if n == 0 or not frames:
-                continue
-            grand += n
-            leaf = keys[frames[-1]]
-            self_counts[leaf] = self_counts.get(leaf, 0) + n
-            # A recursive function is counted once per stack, not once per frame.
-            for k in {keys[i] for i in frames}:
-                total_counts[k] = total_counts.get(k, 0) + n
-        rows: list[dict[str, Any]] = []
-        for k, total in total_counts.items():
-            own = self_counts.get(k, 0)
-            total_pct = 100.0 * total / grand if grand else 0.0
-            if total_pct < floor_pct:
-                continue
-            rows.append(
-                {
-                    "name": k[1],
-                    "file": k[0],
-                    "line": k[2],
-                    "self": own,
-                    "total": total,
-                    "self_pct": 100.0 * own / grand if grand else 0.0,
-                    "total_pct": total_pct,
-                }
-            )
-        rows.sort(key=lambda r: (-r["self"], -r["total"], r["name"]))
-        return rows
+        """Per line: self and total samples and percentages (the cpu proflet's table)."""
+        return cpu.line_table(self, metric, charge_libraries=charge_libraries, floor_pct=floor_pct)
 
     def tree(self, metric: Metric = "cpu", *, charge_libraries: bool = False) -> Node:
         """The call tree (all threads merged under one root)."""
