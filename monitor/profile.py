@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from monitor.session import Frame, Session
-from proflets import cpu
+from proflets import cpu as cpu_proflet
 from proflets.cpu import FLOOR_PCT
 
 FORMAT = "dyper-profile"
@@ -170,13 +170,13 @@ class Profile:
         self, metric: Metric = "cpu", *, charge_libraries: bool = False, floor_pct: float = 0.0
     ) -> list[dict[str, Any]]:
         """Per function: self and total samples and percentages (the cpu proflet's table)."""
-        return cpu.function_table(self, metric, charge_libraries=charge_libraries, floor_pct=floor_pct)
+        return cpu_proflet.function_table(self, metric, charge_libraries=charge_libraries, floor_pct=floor_pct)
 
     def lines(
         self, metric: Metric = "cpu", *, charge_libraries: bool = False, floor_pct: float = 0.0
     ) -> list[dict[str, Any]]:
         """Per line: self and total samples and percentages (the cpu proflet's table)."""
-        return cpu.line_table(self, metric, charge_libraries=charge_libraries, floor_pct=floor_pct)
+        return cpu_proflet.line_table(self, metric, charge_libraries=charge_libraries, floor_pct=floor_pct)
 
     def tree(self, metric: Metric = "cpu", *, charge_libraries: bool = False) -> Node:
         """The call tree (all threads merged under one root)."""
