@@ -104,21 +104,15 @@ def stats_us(ns: list[int]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--depth", type=int, default=30, help="Python frames per worker thread")
     ap.add_argument("--samples", type=int, default=1000, help="timed samples per walker (at least)")
     ap.add_argument("--warmup", type=int, default=100, help="untimed samples per walker first")
     ap.add_argument("--interval-ms", type=float, default=1.0, help="pause between samples")
     ap.add_argument("--burst", type=int, default=2000, help="loop iterations per call of busy()")
-    ap.add_argument(
-        "--pause-ms", type=float, default=0.0, help="worker sleep between bursts (0: none)"
-    )
-    ap.add_argument(
-        "--switch-ms", type=float, default=1.0, help="sys.setswitchinterval during the run"
-    )
+    ap.add_argument("--pause-ms", type=float, default=0.0, help="worker sleep between bursts (0: none)")
+    ap.add_argument("--switch-ms", type=float, default=1.0, help="sys.setswitchinterval during the run")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", action="store_true", help="print JSON only")
     args = ap.parse_args(argv)
@@ -199,9 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         s["mean_worker_stack_depth"] = statistics.fmean(depths) if depths else 0.0
         results["walkers"][w] = s
     if "c" in walkers:
-        results["speedup"] = (
-            results["walkers"]["python"]["median_us"] / results["walkers"]["c"]["median_us"]
-        )
+        results["speedup"] = results["walkers"]["python"]["median_us"] / results["walkers"]["c"]["median_us"]
 
     if args.json:
         print(json.dumps(results, indent=2))

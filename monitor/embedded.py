@@ -201,4 +201,3 @@ def summary_view(profile: Profile, options: Options) -> dict[str, Any]:
         "functions": rows[:20],
         "dropped": p.get("dropped", {}),
     }
-

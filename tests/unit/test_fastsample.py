@@ -56,13 +56,9 @@ Counts = dict[tuple[int, tuple[Any, ...]], int]
 # --- running both walkers ---------------------------------------------------------
 
 
-def python_sample(
-    counts: Counts, locs: dict[int, Any], new_loc: Callable[..., Any], me: int
-) -> None:
+def python_sample(counts: Counts, locs: dict[int, Any], new_loc: Callable[..., Any], me: int) -> None:
     """The reference: the agent's own pure-Python walker, on a stand-in agent."""
-    stand_in = types.SimpleNamespace(
-        tables=types.SimpleNamespace(locs=locs, new_loc=new_loc), counts=counts, _ident=me
-    )
+    stand_in = types.SimpleNamespace(tables=types.SimpleNamespace(locs=locs, new_loc=new_loc), counts=counts, _ident=me)
     Agent._sample_python(stand_in)  # type: ignore[arg-type]
 
 
@@ -705,9 +701,7 @@ def test_reentrant_sampling_from_new_loc(parked: Parked) -> None:
 
         def new_loc(key: int, code: types.CodeType, lasti: int, lineno: int | None) -> int:
             _fastsample.sample(inner_counts, inner_tables.locs, inner_tables.new_loc, None)
-            helper = threading.Thread(
-                target=lambda: _fastsample.sample({}, {}, Tables().new_loc, None)
-            )
+            helper = threading.Thread(target=lambda: _fastsample.sample({}, {}, Tables().new_loc, None))
             helper.start()
             helper.join()
             return tables.new_loc(key, code, lasti, lineno)
