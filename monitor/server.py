@@ -102,16 +102,21 @@ class Monitor:
         sender = asyncio.create_task(self._send_loop(sock))
         try:
             while not stop.is_set():
-                try:
-                    parts = await asyncio.wait_for(sock.recv_multipart(copy=True), timeout=0.2)
-                except TimeoutError:
+                # Poll, then receive only what is ready: cancelling a pending
+                # recv (asyncio.wait_for on recv_multipart) can consume a
+                # message and then drop it (pyzmq and CPython race).
+                if not await sock.poll(200):  # POLLIN
                     continue
-                self.counters["frames"] += 1
-                if len(parts) != 2:
-                    self.counters["bad_frames"] += 1
-                    continue
-                for reply in self.handle(parts[0], parts[1]):
-                    self._outbox.put_nowait(reply)
+                for _ in range(1000):  # bounded, so stop and sends get their turn
+                    if not int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                        break
+                    parts = await sock.recv_multipart(copy=True)
+                    self.counters["frames"] += 1
+                    if len(parts) != 2:
+                        self.counters["bad_frames"] += 1
+                        continue
+                    for reply in self.handle(parts[0], parts[1]):
+                        self._outbox.put_nowait(reply)
         finally:
             sender.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -55,10 +55,14 @@ class StandingMonitor:
         self.proc: subprocess.Popen[str] | None = None
 
     def start(self) -> None:
+        import tempfile
+
+        # Its output is kept so that a failing test can show why the monitor went away.
+        self.log = tempfile.NamedTemporaryFile(prefix="dyper-monitor-", suffix=".log", delete=False)  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "monitor", "monitor", "--listen", self.endpoint],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
             cwd=REPO,
         )
         from monitor.client import MonitorClient, MonitorUnreachable
@@ -91,6 +95,9 @@ class StandingMonitor:
             self.proc.kill()
             self.proc.wait(10)
 
+    def output(self) -> str:
+        return Path(self.log.name).read_text(errors="replace") if self.proc is not None else ""
+
 
 @pytest.fixture
 def standing_monitor() -> Iterator[StandingMonitor]:
@@ -99,7 +106,11 @@ def standing_monitor() -> Iterator[StandingMonitor]:
     try:
         yield m
     finally:
+        exited = m.proc is not None and m.proc.poll() is not None
         m.kill()
+        if exited and m.proc is not None and m.proc.returncode not in (0, -9):
+            print(f"monitor exited with {m.proc.returncode}:\n{m.output()}")
+        Path(m.log.name).unlink(missing_ok=True)
 
 
 def wait_for(predicate, timeout: float = 15.0, interval: float = 0.1, what: str = "condition"):  # type: ignore[no-untyped-def]
