@@ -98,14 +98,16 @@ def render_top(view: dict[str, Any], title: str | None = None) -> Group:
     table = Table(title=title, expand=False, show_edge=False, header_style="bold")
     table.add_column("self %", justify="right")
     table.add_column("total %", justify="right")
-    table.add_column("wall self %", justify="right", style="dim")
+    has_wall = any("wall_self_pct" in row for row in view["functions"])
+    if has_wall:
+        table.add_column("wall self %", justify="right", style="dim")
     table.add_column("function")
     table.add_column("where", style="dim")
     for row in view["functions"]:
         table.add_row(
             f"{row['self_pct']:5.1f}",
             f"{row['total_pct']:5.1f}",
-            f"{row['wall_self_pct']:5.1f}" if "wall_self_pct" in row else "",
+            *([f"{row.get('wall_self_pct', 0.0):5.1f}"] if has_wall else []),
             row["name"],
             f"{_short(row['file'])}:{row['line']}",
         )
