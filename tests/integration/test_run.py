@@ -13,7 +13,7 @@ def test_run_gives_the_known_split(tmp_path):
         "--budget",
         "5%",
         "--duration",
-        "6",
+        "8",
         "-o",
         str(out),
         "--",
