@@ -65,6 +65,7 @@ class StandingMonitor:
             stderr=subprocess.STDOUT,
             cwd=REPO,
         )
+        self.log.close()  # the monitor has its own descriptor
         from monitor.client import MonitorClient, MonitorUnreachable
 
         deadline = time.monotonic() + 15

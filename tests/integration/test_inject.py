@@ -458,7 +458,8 @@ def test_signals_arriving_during_injection(spawn: Callable[..., Target], python:
         inject_write(target, f"injected{i}")
     assert target.proc.wait(timeout=10) == 0, target.stderr()
     m = re.fullmatch(r"alarms (\d+)\n", target.stdout())
-    assert m and int(m.group(1)) > 1000, target.stdout()
+    # Signals coalesce under load; a mask left blocked would show as (nearly) none.
+    assert m and int(m.group(1)) > 100, target.stdout()
     assert target.stderr() == ""
 
 

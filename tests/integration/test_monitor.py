@@ -77,7 +77,9 @@ def test_killed_monitor_costs_the_target_nothing_and_agent_reconnects(standing_m
         during = statistics.median(_rates(rates, t1)) / statistics.median(_rates(control_rates, t1))
         rss_during = psutil.Process(target.pid).memory_info().rss
         # Generous bounds that still catch a stalled or blocking send path.
-        assert during >= 0.75 * before, (before, during)
+        # A blocking send path stalls the target almost completely; scheduling
+        # noise on a 2-core machine moves this ratio by up to about a third.
+        assert during >= 0.6 * before, (before, during)
         assert rss_during - rss_before < 20 * 1024 * 1024
 
         standing_monitor.start()  # same port
