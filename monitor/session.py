@@ -181,18 +181,8 @@ class Session:
         window: dict[StackKey, list[int]] = {}
         for key, count, blocking in resolved:
             cpu = 0 if blocking else count
-            slot = self.counts.get(key)
-            if slot is None:
-                self.counts[key] = [count, cpu]
-            else:
-                slot[0] += count
-                slot[1] += cpu
-            wslot = window.get(key)
-            if wslot is None:
-                window[key] = [count, cpu]
-            else:
-                wslot[0] += count
-                wslot[1] += cpu
+            _add(self.counts, key, count, cpu)
+            _add(window, key, count, cpu)
         for tid, name in report.get("threads") or ():
             self.threads[tid] = name
         self.samples += report["samples"]
@@ -230,10 +220,14 @@ class Session:
                 continue
             samples += w.samples
             for key, (wall, cpu) in w.counts.items():
-                slot = merged.get(key)
-                if slot is None:
-                    merged[key] = [wall, cpu]
-                else:
-                    slot[0] += wall
-                    slot[1] += cpu
+                _add(merged, key, wall, cpu)
         return merged, samples
+
+
+def _add(counts: dict[StackKey, list[int]], key: StackKey, wall: int, cpu: int) -> None:
+    slot = counts.get(key)
+    if slot is None:
+        counts[key] = [wall, cpu]
+    else:
+        slot[0] += wall
+        slot[1] += cpu
