@@ -10,7 +10,7 @@ from typing import NoReturn
 
 from monitor.commands import CliError
 
-COMMANDS = ("run", "attach", "detach", "monitor", "top", "ps", "budget", "demo")
+COMMANDS = ("run", "attach", "detach", "monitor", "top", "ps", "budget", "demo", "consolidate")
 
 
 class _Parser(argparse.ArgumentParser):
