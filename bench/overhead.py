@@ -106,7 +106,6 @@ class Settings:
     service_agent: str
     loadgen: str
     timeout_s: float
-    verbose: bool
     gunicorn_extra: list[str] = field(default_factory=list)
 
 
@@ -771,7 +770,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="3 repeats, short workloads, budgets none,1%%,25%%")
     ap.add_argument("--repeats", type=int, help="runs per cell (default 5, --quick 3)")
-    ap.add_argument("--budgets", help=f"comma-separated (default {DEFAULT_BUDGETS}; --quick {QUICK_BUDGETS})")
+    ap.add_argument(
+        "--budgets", help=f"comma-separated (default {DEFAULT_BUDGETS}; --quick {QUICK_BUDGETS})".replace("%", "%%")
+    )
     ap.add_argument(
         "--workloads",
         default="all",
@@ -798,7 +799,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=900, help="seconds before a run is given up")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", metavar="FILE", help="write every run and figure here")
-    ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
 
     quick = args.quick
@@ -830,7 +830,6 @@ def main(argv: list[str] | None = None) -> int:
         service_agent=args.service_agent,
         loadgen=loadgen,
         timeout_s=args.timeout,
-        verbose=args.verbose,
     )
     bench_dir = (
         pyperf_dir(settings.python) if any(w not in SCRIPT_WORKLOADS and w != "service" for w in workloads) else None
