@@ -19,7 +19,7 @@ import contextlib
 import ipaddress
 import os
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
@@ -66,12 +66,16 @@ def start(
     *,
     ceiling: float | str | None = None,
     attach_token: str | None = None,
+    proflets: tuple[Any, ...] | None = None,
 ) -> str:
     """Start the agent and return its id; if it already runs, apply the budget.
 
     ``monitor`` defaults to ``$DYPER_MONITOR`` and then :data:`DEFAULT_MONITOR`;
     ``budget`` (``"1%"`` or ``0.01``) to ``$DYPER_BUDGET`` and then 1%.
-    ``ceiling`` caps every later budget change. Thread-safe and idempotent.
+    ``ceiling`` caps every later budget change. ``proflets`` names the
+    proflets whose collectors run (default: the built-ins; a
+    :class:`agent.proflet.Collector` instance may stand for a name).
+    Thread-safe and idempotent.
     """
     global _agent
     from agent.protocol import parse_budget
@@ -85,7 +89,8 @@ def start(
             return _agent.agent_id
         from agent.core import Agent
 
-        new = Agent(endpoint, fraction, attach_token=attach_token, ceiling=cap, on_exit=_on_exit)
+        kwargs: dict[str, Any] = {} if proflets is None else {"proflets": tuple(proflets)}
+        new = Agent(endpoint, fraction, attach_token=attach_token, ceiling=cap, on_exit=_on_exit, **kwargs)
         _agent = new
         _install_fork_handler()
         atexit.unregister(_at_exit)

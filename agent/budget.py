@@ -18,6 +18,11 @@ FRACT(P)*B goes to stack sampling (90%) and reporting (10%); the rest is
 shared among proflets in proportion to TPRI. A share ``s`` of the budget,
 spent on a proflet whose detailing costs COST(p), allows one detailing every
 ``COST(p) / (s * B)`` ms.
+
+One step beyond the paper, which left most of a high budget unspent: when
+sampling cannot use its share (its delay is at the floor, or the sampler
+waits for the GIL behind a busy thread, measured as ``sample_lag_s``), what
+it cannot use goes to the detailing proflets, in the same TPRI proportions.
 """
 
 from __future__ import annotations
@@ -96,6 +101,7 @@ def plan(
     sample_cost_s: float,
     report_cost_s: float,
     proflets: Sequence[ProfletCosts] = (),
+    sample_lag_s: float = 0.0,
 ) -> Plan:
     """Turn a budget and measured costs into mean delays.
 
@@ -104,7 +110,10 @@ def plan(
     sending one report. Clamping only ever lengthens a delay past what the
     budget allows, except the sampling floor, which only binds for budgets so
     high (tens of percent with microsecond samples) that spending less is the
-    right answer anyway.
+    right answer anyway. ``sample_lag_s`` is how late samples start on
+    average (waiting for the GIL): sampling can then spend at most
+    ``sample_cost_s / (delay + lag)``, and the rest of its share is passed on
+    to detailing.
     """
     if budget <= 0:
         raise ValueError("budget must be positive")
@@ -119,8 +128,11 @@ def plan(
     detail_delay: dict[str, float] = {}
     detail_share: dict[str, float] = {}
     total_tpri = sum(tpri(p) for p in active)
+    # The part of sampling's share it cannot spend, as a fraction of B.
+    can_spend = sample_cost_s / (sample_delay + max(sample_lag_s, 0.0))
+    unused = max(0.0, sampling - can_spend) / budget if total_tpri > 0 else 0.0
     for p in proflets:
-        share = (1.0 - f) * tpri(p) / total_tpri if total_tpri > 0 and p.prty > 0 else 0.0
+        share = (1.0 - f + unused) * tpri(p) / total_tpri if total_tpri > 0 and p.prty > 0 else 0.0
         detail_share[p.name] = share
         if share <= 0:
             detail_delay[p.name] = math.inf

@@ -33,7 +33,9 @@ from typing import Any, Final
 import zmq
 
 from agent import protocol
-from agent.budget import Guard, Plan, plan
+from agent.budget import Guard, Plan, ProfletCosts, cost, plan
+from agent.proflet import Collector, DetailContext
+from agent.schedule import BurstCost, DetailScheduler, calibrate, fit_interval
 from agent.tables import Tables
 
 _fast: Any
@@ -64,6 +66,20 @@ _EARLY_REPLANS: Final = frozenset({1, 2, 4, 8, 16, 32})
 HELLO_RETRY_S: Final = 0.5
 #: Weight of a new measurement in the moving averages of costs.
 EWMA_ALPHA: Final = 0.05
+#: The monitor's timings hold this long after its last plan; past it the
+#: agent schedules on its own (the monitor sends a plan with every report's
+#: answer, so only a monitor that is gone or stuck lets it lapse).
+MONITOR_PLAN_TTL_S: Final = 5.0
+#: A burst whose measured slowdown passes its reservation is ended early: the
+#: proflet is dearer than it said, and the next plan knows.
+BURST_OVERRUN: Final = 1.0
+#: While a burst runs, the loop wakes at least this often to charge its
+#: slowdown as it accrues (and end it if it overruns) ...
+BURST_TICK_S: Final = 0.02
+#: ... and while requests wait for money, this often to start what has become affordable.
+DETAIL_TICK_S: Final = 0.1
+#: Built-in proflets whose collectors run in the agent by default.
+DEFAULT_PROFLETS: Final = ("cpu",)
 
 Clock = Callable[[], float]
 
@@ -96,6 +112,33 @@ def _name_os_thread(name: str) -> None:
         f.write(name[:15])
 
 
+class _Burst:
+    """A detailing burst in progress."""
+
+    __slots__ = ("charged_s", "end", "fixed_s", "name", "reserved_s", "start")
+
+    def __init__(self, name: str, start: float, end: float, fixed_s: float, reserved_s: float) -> None:
+        self.name = name
+        self.start = start
+        self.end = end
+        self.fixed_s = fixed_s
+        self.reserved_s = reserved_s
+        #: slowdown charged to the guard so far (the reservation, then what was measured past it)
+        self.charged_s = reserved_s
+
+
+def _load_collectors(names: tuple[str | Collector, ...]) -> dict[str, Collector]:
+    collectors: dict[str, Collector] = {}
+    for name in names:
+        if isinstance(name, Collector):  # an instance given by the embedding program (or a test)
+            collectors[name.name] = name
+        elif name == "cpu":
+            from proflets.cpu import CpuCollector  # lazy: most of a process's life needs no detailing code
+
+            collectors[name] = CpuCollector()
+    return collectors
+
+
 class Agent:
     """One agent incarnation: sampler thread, tables, ledger and socket."""
 
@@ -108,6 +151,7 @@ class Agent:
         ceiling: float | None = None,
         clock: Clock = time.monotonic,
         on_exit: Callable[[Agent], None] | None = None,
+        proflets: tuple[str | Collector, ...] = DEFAULT_PROFLETS,
     ) -> None:
         self._on_exit = on_exit
         self._pending_budget: float | None = None
@@ -134,6 +178,7 @@ class Agent:
         os.set_blocking(self._wake_w, False)
         self._ident = 0
         self.sample_cost_s = INITIAL_SAMPLE_COST_S
+        self.sample_lag_s = 0.0
         self.report_cost_s = INITIAL_REPORT_COST_S
         now = clock()
         self.guard = Guard(budget, now)
@@ -147,6 +192,25 @@ class Agent:
         self.max_op_s = 0.0
         self._samples_total = 0
         self._hello: dict[str, Any] | None = None
+        # Detailing. Collectors are built on the sampler thread, at start.
+        self._proflet_names = proflets
+        self.collectors: dict[str, Collector] = {}
+        #: calibrated costs per detailing proflet
+        self.proflet_costs: dict[str, ProfletCosts] = {}
+        #: proflet name -> why it is off (unavailable here, or its collector raised)
+        self.proflets_off: dict[str, str] = {}
+        self.scheduler = DetailScheduler(rng=self._rng)
+        self._bursts: dict[str, _Burst] = {}
+        self._details_done: list[dict[str, Any]] = []
+        self.bursts_total = 0
+        #: location id of a leaf -> recent self samples, decayed each report: the candidates
+        self._heat: dict[int, float] = {}
+        #: the monitor's last timings and until when they hold
+        self._monitor_plan: dict[str, Any] | None = None
+        self._monitor_plan_until = -math.inf
+        #: delays in force: the local plan's, or the monitor's where they spend less
+        self.sample_delay_s = self.plan.sample_delay_s
+        self.report_delay_s = self.plan.report_delay_s
 
     # --- control, from any thread ---------------------------------------------------
 
@@ -220,6 +284,9 @@ class Agent:
             if ctx is not None:
                 with contextlib.suppress(Exception):
                     ctx.term()
+            for collector in self.collectors.values():
+                with contextlib.suppress(Exception):
+                    collector.close()
             for fd in (self._wake_r, self._wake_w):
                 with contextlib.suppress(OSError):
                     os.close(fd)
@@ -234,15 +301,16 @@ class Agent:
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
+        self._start_collectors()
         self._hello_sent = self._send_hello(sock)
         now = self.clock()
-        next_sample = now + self._jitter(self.plan.sample_delay_s)
-        next_report = now + self.plan.report_delay_s
+        next_sample = now + self._jitter(self.sample_delay_s)
+        next_report = now + self.report_delay_s
         next_hello = now + HELLO_RETRY_S
         next_replan = now + REPLAN_S
         while not self._stopping.is_set():
             now = self.clock()
-            if now >= next_replan:
+            if now >= next_replan or (self._monitor_plan is not None and now >= self._monitor_plan_until):
                 self._replan()
                 next_replan = now + REPLAN_S
             if now >= next_sample:
@@ -250,6 +318,9 @@ class Agent:
                 if wait > 0:
                     next_sample = now + wait
                 else:
+                    # How late the sample starts: mostly the wait for the GIL
+                    # behind a busy thread, which caps how often we can sample.
+                    self.sample_lag_s += EWMA_ALPHA * (now - next_sample - self.sample_lag_s)
                     t0 = time.perf_counter()
                     self.sample()
                     spent = time.perf_counter() - t0
@@ -263,7 +334,9 @@ class Agent:
                     self.sample_cost_s += alpha * (spent - self.sample_cost_s)
                     if self._samples_total in _EARLY_REPLANS:
                         self._replan()
-                    next_sample = now + self._jitter(self.plan.sample_delay_s)
+                    next_sample = now + self._jitter(self.sample_delay_s)
+            if self.collectors:
+                self._detail_step(self.clock())
             if not self._hello_sent and now >= next_hello:
                 # Until the connection is up the hello cannot go; reports wait
                 # for it, their counts keep accumulating meanwhile.
@@ -274,15 +347,16 @@ class Agent:
                     self._report(sock)
                 # Rescheduled even when no report could go (no monitor yet),
                 # or the loop would wake at once, again and again.
-                next_report = self.clock() + self._jitter(self.plan.report_delay_s, spread=0.1)
+                next_report = self.clock() + self._jitter(self.report_delay_s, spread=0.1)
             budget = self._pending_budget
             if budget is not None:
                 self._pending_budget = None
                 self._apply_budget(budget)
-                next_sample = min(next_sample, self.clock() + self.plan.sample_delay_s)
+                next_sample = min(next_sample, self.clock() + self.sample_delay_s)
+            wake = min(next_sample, next_report, self._next_detail_event())
             # Round up: a sub-millisecond wait truncated to poll(0) would make
             # this loop spin, taking the GIL from the application each time.
-            remaining_ms = (min(next_sample, next_report) - self.clock()) * 1000.0
+            remaining_ms = (wake - self.clock()) * 1000.0
             timeout_ms = math.ceil(remaining_ms) if remaining_ms > 0 else 0
             for item, _ in poller.poll(timeout_ms):
                 if item == self._wake_r:
@@ -290,7 +364,9 @@ class Agent:
                         os.read(self._wake_r, 512)
                 else:
                     self._receive(sock)
-        # Leaving: the last counts and a bye, best effort and never blocking.
+        # Leaving: end bursts, the last counts and a bye, best effort and never blocking.
+        for name in list(self._bursts):
+            self._stop_burst(name, self.clock())
         if self._hello_sent:
             self._report(sock)
         with contextlib.suppress(Exception):
@@ -308,8 +384,165 @@ class Agent:
         self.guard.set_budget(budget, self.clock())
         self._replan()
 
+    def _fitted_costs(self) -> list[ProfletCosts]:
+        # A burst must fit in what the guard can save up, or at a low budget it
+        # would wait for ever: half the bucket, so sampling goes on meanwhile.
+        most = self.budget * self.guard.capacity_s / 2
+        return [fit_interval(c, most) for c in self.proflet_costs.values()]
+
     def _replan(self) -> None:
-        self.plan = plan(self.budget, self.sample_cost_s, self.report_cost_s)
+        now = self.clock()
+        self.plan = plan(self.budget, self.sample_cost_s, self.report_cost_s, self._fitted_costs(), self.sample_lag_s)
+        sample, report = self.plan.sample_delay_s, self.plan.report_delay_s
+        theirs = self._monitor_plan if now < self._monitor_plan_until else None
+        if theirs is None:
+            self._monitor_plan = None
+            self.scheduler.set_delays(self.plan.detail_delay_s, now)
+        else:
+            # The monitor decides when to detail (it sends a request per burst);
+            # its timings are taken only where they spend no more than ours.
+            sample = max(sample, float(theirs.get("sample_delay_s", sample)))
+            report = max(report, float(theirs.get("report_delay_s", report)))
+            self.scheduler.set_delays({}, now)
+        self.sample_delay_s, self.report_delay_s = sample, report
+
+    # --- detailing ----------------------------------------------------------------------
+
+    def _start_collectors(self) -> None:
+        try:
+            collectors = _load_collectors(self._proflet_names)
+        except Exception as exc:  # a broken proflet module must not stop the sampler
+            self.errors.append(f"proflets not loaded: {type(exc).__name__}: {exc}")
+            return
+        for name, collector in collectors.items():
+            try:
+                reason = collector.unavailable() if collector.DETAILS else "nothing to detail"
+            except Exception as exc:
+                reason = f"{type(exc).__name__}: {exc}"
+            if reason is not None:
+                self.proflets_off[name] = reason
+                continue
+            self.collectors[name] = collector
+            self.proflet_costs[name] = collector.costs()
+        self.scheduler.queue.allows = {name: c.ALLOWS for name, c in self.collectors.items()}
+        self._replan()
+
+    def _switch_off(self, name: str, exc: BaseException) -> None:
+        """A collector raised: it is done for this run; nothing reaches the application."""
+        collector = self.collectors.pop(name, None)
+        self.proflet_costs.pop(name, None)
+        self._bursts.pop(name, None)
+        self.scheduler.queue.forget(name)
+        self.scheduler.set_delays({k: v for k, v in self.scheduler.delays.items() if k != name}, self.clock())
+        self.proflets_off[name] = f"{type(exc).__name__}: {exc}"
+        self.errors.append(f"proflet {name} switched off: {type(exc).__name__}: {exc}")
+        if collector is not None:
+            with contextlib.suppress(Exception):
+                collector.close()
+
+    def _burst_costs(self, name: str) -> ProfletCosts:
+        costs = self.proflet_costs[name]
+        return fit_interval(costs, self.budget * self.guard.capacity_s / 2)
+
+    def _detail_step(self, now: float) -> None:
+        for name, burst in list(self._bursts.items()):
+            collector = self.collectors[name]
+            try:
+                slowdown = collector.slowdown_s()
+            except Exception as exc:
+                self._switch_off(name, exc)
+                continue
+            if slowdown > burst.charged_s:
+                self.guard.charge(slowdown - burst.charged_s, now)
+                burst.charged_s = slowdown
+            if now >= burst.end or slowdown > BURST_OVERRUN * burst.reserved_s:
+                self._stop_burst(name, now)
+
+        def affordable(name: str) -> bool:
+            return self.guard.wait_needed(now, cost(self._burst_costs(name)) / 1000.0) <= 0
+
+        for name in self.scheduler.tick(now, affordable):
+            self._start_burst(name, now)
+
+    def _start_burst(self, name: str, now: float) -> None:
+        costs = self._burst_costs(name)
+        length = costs.itvl_ms / 1000.0
+        t0 = time.perf_counter()
+        try:
+            self.collectors[name].start_detail(DetailContext(self._candidates(), length))
+        except Exception as exc:
+            self._switch_off(name, exc)
+            return
+        fixed = time.perf_counter() - t0
+        self.max_op_s = max(self.max_op_s, fixed)
+        # Reserve the expected slowdown now, so sampling cannot spend it while
+        # the burst runs; the measured slowdown replaces it at the end.
+        reserved = costs.slow / (1.0 + costs.slow) * length
+        self.guard.charge(fixed + reserved, self.clock())
+        start = self.clock()
+        self._bursts[name] = _Burst(name, start, start + length, fixed, reserved)
+
+    def _stop_burst(self, name: str, now: float) -> None:
+        burst = self._bursts.pop(name)
+        collector = self.collectors.get(name)
+        t0 = time.perf_counter()
+        try:
+            result = collector.stop_detail() if collector is not None else {}
+        except Exception as exc:
+            self._switch_off(name, exc)
+            return
+        fixed = burst.fixed_s + time.perf_counter() - t0
+        slowdown = float(result.get("slowdown_s", burst.charged_s))
+        length = float(result.get("length_s", now - burst.start))
+        # Settle the reservation against what was measured (a refund if it was less).
+        self.guard.charge(fixed - burst.fixed_s + slowdown - burst.charged_s, self.clock())
+        self._window_costs["detail"] += fixed + slowdown
+        self.max_op_s = max(self.max_op_s, fixed - burst.fixed_s)
+        self.proflet_costs[name] = calibrate(self.proflet_costs[name], BurstCost(fixed, slowdown, length))
+        self.scheduler.finished(name, self.clock())
+        self.bursts_total += 1
+        result.update({"proflet": name, "t": time.time(), "fixed_s": fixed, "slowdown_s": slowdown})
+        self._details_done.append(result)
+        del self._details_done[:-64]  # bounded while no monitor reads them
+        self._replan()
+
+    def _next_detail_event(self) -> float:
+        if not self.collectors:
+            return math.inf
+        now = self.clock()
+        if self._bursts:
+            return min(now + BURST_TICK_S, min(b.end for b in self._bursts.values()))
+        if self.scheduler.queue.waiting:
+            return now + DETAIL_TICK_S
+        return self.scheduler.next_event()
+
+    def _candidates(self) -> list[Any]:
+        """Code objects of the hottest functions by self samples, hottest first."""
+        heat = dict(self._heat)
+        for (_, stack), n in self.counts.items():
+            if stack:
+                heat[stack[0]] = heat.get(stack[0], 0.0) + n
+        by_code: dict[int, tuple[float, Any]] = {}
+        rows = self.tables.loc_rows
+        for loc, h in heat.items():
+            if loc >= len(rows) or rows[loc][5] & (protocol.LOC_BLOCKING | protocol.LOC_AGENT):
+                continue  # a thread waiting in a call is not spending CPU in its function
+            code = self.tables.code_of(loc)
+            old = by_code.get(id(code))
+            by_code[id(code)] = (h + (old[0] if old else 0.0), code)
+        ranked = sorted(by_code.values(), key=lambda pair: -pair[0])
+        return [code for _, code in ranked]
+
+    def _cool(self) -> None:
+        """Fold this window's leaves into the decayed heat the candidates come from."""
+        heat = self._heat
+        for loc in list(heat):
+            heat[loc] *= 0.5
+            if heat[loc] < 0.5:
+                del heat[loc]
+        for (_, stack), n in self.counts.items():
+            if stack:
+                heat[stack[0]] = heat.get(stack[0], 0.0) + n
 
     # --- sampling (the hot path) --------------------------------------------------
 
@@ -361,6 +594,7 @@ class Agent:
     def _restart_tables(self) -> None:
         self.dropped["samples"] += sum(self.counts.values())
         self.counts.clear()
+        self._heat.clear()  # its keys are location ids of the old epoch
         self.tables.restart()
 
     # --- reports and messages ------------------------------------------------------
@@ -395,12 +629,22 @@ class Agent:
             "spent_s": self.guard.spent_s,
             "elapsed_s": now - self.guard.started,
             "budget": self.budget,
-            "delays": {"sample": self.plan.sample_delay_s, "report": self.plan.report_delay_s},
+            "delays": {
+                "sample": self.sample_delay_s,
+                "report": self.report_delay_s,
+                "sample_lag": self.sample_lag_s,
+                **{f"detail.{name}": d for name, d in self.plan.detail_delay_s.items() if not math.isinf(d)},
+            },
             "dropped": dict(self.dropped),
             "errors": self.errors[-10:],
+            "mode": "monitor" if self._monitor_plan is not None else "local",
+            "proflets": self._proflet_states(),
+            "details": self._details_done,
         }
         sent = self._send(sock, protocol.REPORT, body)
         if sent:
+            self._cool()
+            self._details_done = []
             self.seq += 1
             self.tables.mark_sent(self.tables.sent_strings + len(strings), self.tables.sent_locs + len(locs))
             self.counts.clear()
@@ -417,6 +661,22 @@ class Agent:
         self.guard.charge(spent, self.clock())
         self.report_cost_s += EWMA_ALPHA * 4 * (spent - self.report_cost_s)
         self._replan()
+
+    def _proflet_states(self) -> dict[str, dict[str, Any]]:
+        """Per proflet: the calibrated costs the monitor plans with, or why it is off."""
+        states: dict[str, dict[str, Any]] = {}
+        for c in self._fitted_costs():
+            states[c.name] = {
+                "ovhd_ms": c.ovhd_ms,
+                "slow": c.slow,
+                "itvl_ms": c.itvl_ms,
+                "prty": c.prty,
+                "allows": sorted(self.collectors[c.name].ALLOWS),
+                "detailing": c.name in self._bursts,
+            }
+        for name, reason in self.proflets_off.items():
+            states[name] = {"off": reason}
+        return states
 
     def _send(self, sock: zmq.Socket[Any], msg_type: str, body: dict[str, Any]) -> bool:
         try:
@@ -450,7 +710,7 @@ class Agent:
             "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
             "budget": self.budget,
             "agent_version": AGENT_VERSION,
-            "capabilities": ["cpu"],
+            "capabilities": ["cpu", *sorted(self.collectors)],
         }
         if self.attach_token:
             body["attach_token"] = self.attach_token
@@ -481,3 +741,13 @@ class Agent:
                 budget = body.get("budget")
                 if isinstance(budget, int | float) and 0 < budget <= 0.5:
                     self._apply_budget(float(budget))
+                timings = body.get("plan")
+                if isinstance(timings, dict):
+                    self._monitor_plan = timings
+                    self._monitor_plan_until = self.clock() + MONITOR_PLAN_TTL_S
+                    self._replan()
+            elif msg_type == protocol.DETAIL:
+                name = body.get("proflet")
+                # Only while the monitor's plan holds: on our own we keep our own schedule.
+                if name in self.collectors and self._monitor_plan is not None:
+                    self.scheduler.queue.request(name)

@@ -28,6 +28,9 @@ monitor -> agent
     ``detach``     stop the agent and remove every hook
     ``resync``     the monitor does not know this agent (it restarted): send
                    ``hello`` and the full string tables again
+    ``detail``     run one detailing burst of a proflet (the monitor's queue
+                   decides when; the agent still starts it only when its own
+                   guard can pay for it)
 client <-> monitor (the CLI talking to a standing monitor)
     ``ctl``        a request: ``{"id": int, "op": str, "args": map}``
     ``ctl_reply``  ``{"id": int, "ok": bool, "result": any, "error": str}``
@@ -50,6 +53,7 @@ ERROR: Final = "error"
 CONFIGURE: Final = "configure"
 DETACH: Final = "detach"
 RESYNC: Final = "resync"
+DETAIL: Final = "detail"
 CTL: Final = "ctl"
 CTL_REPLY: Final = "ctl_reply"
 
@@ -63,6 +67,10 @@ Body = dict[str, Any]
 #: acquire, select, socket receive...). A stack whose leaf has it is waiting,
 #: not running, so the CPU view leaves it out and the wall view keeps it.
 LOC_BLOCKING: Final = 1
+#: The location is in dyper's own code (a detailing hook the sampler caught
+#: running in an application thread): the monitor leaves such frames out of
+#: the application's profile, their cost is in the agent's ledger.
+LOC_AGENT: Final = 2
 
 
 class DecodeError(ValueError):
@@ -189,7 +197,7 @@ _SCHEMAS: dict[str, Callable[[Body], None]] = {
             # string table additions: [id, text]
             "strings": _list_of(_tuple_of(_is_int, _is_str)),
             # location additions: [id, file string id, qualname string id, first line, line, flags]
-            # flags: LOC_BLOCKING when the instruction is a call to a blocking routine
+            # flags: LOC_BLOCKING when the instruction is a call to a blocking routine, LOC_AGENT for dyper's own code
             "locs": _list_of(_tuple_of(_is_int, _is_int, _is_int, _is_int, _is_int, _is_int)),
             # [thread ident, count, [location ids, leaf first]]
             "stacks": _list_of(_tuple_of(_is_int, _is_int, _list_of(_is_int))),
@@ -204,18 +212,27 @@ _SCHEMAS: dict[str, Callable[[Body], None]] = {
             "delays": _COSTS,  # current mean delays in seconds
             "dropped": _map_of(_is_int),  # what was dropped and how often
             "errors": _list_of(_is_str),
+            "mode": _is_str,  # "monitor": following the monitor's timings; "local": its own
+            # per proflet: calibrated costs {ovhd_ms, slow, itvl_ms, prty, allows, detailing} or {off: reason}
+            "proflets": _map_of(lambda v: isinstance(v, dict)),
+            # bursts finished in the window: {proflet, t, length_s, fixed_s, slowdown_s, ...results}
+            "details": _list_of(lambda v: isinstance(v, dict) and isinstance(v.get("proflet"), str)),
         },
     ),
     BYE: _fields({"agent": _is_str}, {"reason": _is_str}),
     ERROR: _fields({"agent": _is_str, "message": _is_str}),
-    CONFIGURE: _fields({}, {"budget": _is_num, "monitor": _is_str, "ceiling": _is_num}),
+    # plan: {sample_delay_s, report_delay_s, detail_delay_s: {proflet: s}}
+    CONFIGURE: _fields(
+        {}, {"budget": _is_num, "monitor": _is_str, "ceiling": _is_num, "plan": lambda v: isinstance(v, dict)}
+    ),
+    DETAIL: _fields({"proflet": _is_str}),
     DETACH: _fields({}),
     RESYNC: _fields({}),
     CTL: _fields({"id": _is_int, "op": _is_str}, {"args": lambda v: isinstance(v, dict)}),
     CTL_REPLY: _fields({"id": _is_int, "ok": lambda v: isinstance(v, bool)}, {"result": _any, "error": _is_str}),
 }
 
-AGENT_ACCEPTS: Final = frozenset({CONFIGURE, DETACH, RESYNC})
+AGENT_ACCEPTS: Final = frozenset({CONFIGURE, DETACH, RESYNC, DETAIL})
 MONITOR_ACCEPTS: Final = frozenset({HELLO, REPORT, BYE, ERROR, CTL})
 CLIENT_ACCEPTS: Final = frozenset({CTL_REPLY})
 

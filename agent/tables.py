@@ -10,10 +10,17 @@ from __future__ import annotations
 
 import bisect
 import dis
+import os
 from types import CodeType
 from typing import Final
 
-from agent.protocol import LOC_BLOCKING
+from agent.protocol import LOC_AGENT, LOC_BLOCKING
+
+#: Directories of dyper's own packages: code there is the agent, not the application.
+_OWN_DIRS: Final = tuple(
+    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), pkg) + os.sep
+    for pkg in ("agent", "proflets")
+)
 
 #: Past this many locations the tables restart under a new epoch. Holding
 #: code objects alive keeps ``id(code)`` unique, but a service that keeps
@@ -169,11 +176,15 @@ class Tables:
                 self.string(code.co_qualname),
                 code.co_firstlineno,
                 lineno if lineno is not None else code.co_firstlineno,
-                0,
+                LOC_AGENT if code.co_filename.startswith(_OWN_DIRS) else 0,
             ]
         )
         self._unflagged.append((loc, code, lasti))
         return loc
+
+    def code_of(self, loc: int) -> CodeType:
+        """The code object of a location (locations are numbered in the order they were interned)."""
+        return self._codes[loc]
 
     def flag_leaves(self, leaves: set[int]) -> None:
         """Set the blocking flag of new locations that were seen as a stack's leaf.
@@ -186,7 +197,7 @@ class Tables:
         rows = self.loc_rows
         for loc, code, lasti in self._unflagged:
             if loc in leaves and callee_name(code, lasti) in BLOCKING_CALLS:
-                rows[loc][5] = LOC_BLOCKING
+                rows[loc][5] |= LOC_BLOCKING
         self._unflagged.clear()
 
     def full(self) -> bool:

@@ -29,7 +29,9 @@ import zmq.asyncio
 
 from agent import protocol
 from monitor.profile import Profile
+from monitor.scheduler import AgentSchedule
 from monitor.session import AgentState, FrameTable, Session, SessionKey, UnknownLocation
+from proflets import cpu as cpu_proflet
 
 #: Reports kept per unknown agent while we wait for its hello and tables.
 MAX_STASHED_REPORTS = 4
@@ -54,6 +56,8 @@ class Monitor:
             "dropped_reports": 0,
             "resyncs": 0,
         }
+        #: DYMON's plan and detailing queue per agent
+        self.schedules: dict[str, AgentSchedule] = {}
         self._stash: dict[bytes, deque[dict[str, Any]]] = {}
         self._last_resync: dict[bytes, float] = {}
         self._outbox: asyncio.Queue[Reply] | None = None
@@ -201,10 +205,24 @@ class Monitor:
             return self._stash_and_resync(ident, body)
         self.counters["reports"] += 1
         replies: list[Reply] = []
+        if not stashed:
+            replies += self._schedule(ident, session, state, body)
         if not stashed and ident in self._stash:
             for report in list(self._stash.pop(ident)):
                 replies += self._on_report(ident, report, stashed=True)
         return replies
+
+    def _schedule(self, ident: bytes, session: Session, state: AgentState, body: dict[str, Any]) -> list[Reply]:
+        """DYMON: timings and detailing requests for the agent that just reported."""
+        schedule = self.schedules.get(state.agent_id)
+        if schedule is None:
+            schedule = self.schedules[state.agent_id] = AgentSchedule(budget=state.budget)
+
+        def priorities(name: str) -> float | None:
+            return cpu_proflet.priority(session) if name == "cpu" else None
+
+        out = schedule.on_report(body, time.monotonic(), priorities)
+        return [(ident, protocol.encode(msg_type, msg)) for msg_type, msg in out]
 
     def _stash_and_resync(self, ident: bytes, body: dict[str, Any]) -> list[Reply]:
         if ident not in self._stash and len(self._stash) >= MAX_STASHED_AGENTS:
@@ -226,6 +244,7 @@ class Monitor:
         entry = self.by_agent.get(body["agent"])
         if entry is not None:
             entry[1].connected = False
+            self.schedules.pop(entry[1].agent_id, None)
             self._event("bye", {"pid": entry[0].pid, "reason": body.get("reason", "")})
 
     # --- queries and control from clients ---------------------------------------------

@@ -18,7 +18,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.protocol import LOC_BLOCKING
+from agent.protocol import LOC_AGENT, LOC_BLOCKING
 
 #: (host, pid, process start time)
 SessionKey = tuple[str, int, float]
@@ -75,8 +75,8 @@ class AgentState:
     agent_id: str
     epoch: int = 0
     strings: dict[int, str] = field(default_factory=dict)
-    #: agent location id -> (global frame id, blocking flag)
-    locs: dict[int, tuple[FrameId, bool]] = field(default_factory=dict)
+    #: agent location id -> (global frame id, blocking flag); None for dyper's own code
+    locs: dict[int, tuple[FrameId, bool] | None] = field(default_factory=dict)
     connected: bool = True
     last_seen: float = 0.0
     last_seq: int = -1
@@ -86,6 +86,9 @@ class AgentState:
     delays: dict[str, float] = field(default_factory=dict)
     dropped: dict[str, int] = field(default_factory=dict)
     attach_token: str | None = None
+    mode: str = "local"
+    #: per proflet: calibrated costs as last reported, or {"off": reason}
+    proflets: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -116,6 +119,14 @@ class Session:
         self.last_report_t = 0.0
         #: overhead spent vs budget over time: (t, budget, spent fraction)
         self.overhead_history: deque[tuple[float, float, float]] = deque(maxlen=3600)
+        #: seconds spent by category over the whole run: sample, report, detail
+        self.costs: dict[str, float] = {"sample": 0.0, "report": 0.0, "detail": 0.0}
+        #: recent windows' (t, window_s, {category: seconds}), for "spent now"
+        self.recent_costs: deque[tuple[float, float, dict[str, float]]] = deque(maxlen=60)
+        #: detailing bursts as reported (the newest few hundred)
+        self.bursts: deque[dict[str, Any]] = deque(maxlen=500)
+        #: cpu detailing: function (file, qualname, first line) -> [calls counted, seconds counted]
+        self.calls: dict[tuple[str, str, int], list[float]] = {}
 
     @property
     def pid(self) -> int:
@@ -159,12 +170,15 @@ class Session:
         strings = state.strings
         for sid, text in report["strings"]:
             strings[sid] = text
-        new_locs: dict[int, tuple[FrameId, bool]] = {}
+        new_locs: dict[int, tuple[FrameId, bool] | None] = {}
         for lid, file_sid, name_sid, firstline, line, flags in report["locs"]:
             try:
                 frame = Frame(strings[file_sid], strings[name_sid], firstline, line)
             except KeyError:
                 raise UnknownLocation(lid) from None
+            if flags & LOC_AGENT:
+                new_locs[lid] = None  # a detailing hook: its cost is in the ledger, not the profile
+                continue
             new_locs[lid] = (self.frames.intern(frame), bool(flags & LOC_BLOCKING))
         state.locs.update(new_locs)
         locs = state.locs
@@ -172,7 +186,7 @@ class Session:
         resolved: list[tuple[StackKey, int, bool]] = []
         for tid, count, stack in report["stacks"]:
             try:
-                mapped = [locs[lid] for lid in reversed(stack)]
+                mapped = [m for m in (locs[lid] for lid in reversed(stack)) if m is not None]
             except KeyError as exc:
                 raise UnknownLocation(exc.args[0]) from None
             blocking = bool(mapped) and mapped[-1][1]
@@ -202,9 +216,55 @@ class Session:
             state.elapsed_s = float(report["elapsed_s"])
         state.delays = dict(report.get("delays") or {})
         state.dropped = dict(report.get("dropped") or {})
+        state.mode = str(report.get("mode") or state.mode)
+        if isinstance(report.get("proflets"), dict):
+            state.proflets = dict(report["proflets"])
+        window_costs = {k: float(v) for k, v in (report.get("costs") or {}).items()}
+        for k, v in window_costs.items():
+            self.costs[k] = self.costs.get(k, 0.0) + v
+        self.recent_costs.append((t, float(report["window_s"]), window_costs))
+        for burst in report.get("details") or ():
+            self._add_burst(burst)
         for message in report.get("errors") or ():
             self.errors.append(message)
         self.overhead_history.append((t, self.budget(), self.overhead()))
+
+    def _add_burst(self, burst: dict[str, Any]) -> None:
+        length = burst.get("length_s")
+        if not isinstance(length, int | float) or length <= 0:
+            return
+        self.bursts.append(
+            {k: burst.get(k) for k in ("proflet", "t", "length_s", "fixed_s", "slowdown_s") if k in burst}
+        )
+        if burst.get("proflet") != "cpu":
+            return
+        for row in burst.get("functions") or ():
+            try:
+                file, name, line, n = str(row[0]), str(row[1]), int(row[2]), int(row[3])
+            except (IndexError, TypeError, ValueError):
+                continue
+            slot = self.calls.setdefault((file, name, line), [0.0, 0.0])
+            slot[0] += n
+            slot[1] += float(length)
+
+    def calls_per_s(self) -> dict[tuple[str, str, int], float]:
+        """Call rates of the functions cpu detailing has counted (calls / seconds counted)."""
+        return {k: calls / secs for k, (calls, secs) in self.calls.items() if secs > 0}
+
+    def spent_now(self, seconds: float = 10.0) -> dict[str, float]:
+        """Fraction of wall time spent per category over the last ``seconds`` of reports."""
+        if not self.recent_costs:
+            return {}
+        since = self.recent_costs[-1][0] - seconds
+        wall = 0.0
+        spent: dict[str, float] = {}
+        for t, window_s, costs in self.recent_costs:
+            if t <= since:
+                continue
+            wall += window_s
+            for k, v in costs.items():
+                spent[k] = spent.get(k, 0.0) + v
+        return {k: v / wall for k, v in spent.items()} if wall > 0 else {}
 
     def window_counts(self, seconds: float | None) -> tuple[dict[StackKey, list[int]], int]:
         """Counts and sampling passes of the last ``seconds`` (None: the whole run)."""

@@ -36,6 +36,25 @@ def session_info(session: Session) -> dict[str, Any]:
         "overhead": session.overhead(),
         "last_report": session.last_report_t,
         "errors": list(session.errors)[-5:],
+        "spending": spending(session),
+    }
+
+
+def spending(session: Session) -> dict[str, Any]:
+    """Spent vs budget: over the whole run and now, by category; who schedules; the plan in force."""
+    elapsed = session.duration_s()
+    live = [a for a in session.agents.values() if a.connected] or list(session.agents.values())
+    agent = live[-1] if live else None
+    delays = agent.delays if agent is not None else {}
+    return {
+        "budget": session.budget(),
+        "whole_run": {k: v / elapsed for k, v in session.costs.items()} if elapsed > 0 else {},
+        "now": session.spent_now(RATE_WINDOW_S),
+        "history": [[t, b, o] for t, b, o in list(session.overhead_history)[-120:]],
+        "scheduler": agent.mode if agent is not None else "",
+        "delays_s": {k: v for k, v in delays.items() if isinstance(v, int | float)},
+        "proflets": agent.proflets if agent is not None else {},
+        "bursts": len(session.bursts),
     }
 
 
@@ -56,9 +75,13 @@ def top_view(
     profile = Profile.from_session(session, window_s)
     rows = profile.functions("cpu", charge_libraries=charge_libraries, floor_pct=DEFAULT_FLOOR_PCT)
     wall = {(r["file"], r["name"], r["line"]): r for r in profile.functions("wall", charge_libraries=charge_libraries)}
+    rates = session.calls_per_s()
     for r in rows:
-        w = wall.get((r["file"], r["name"], r["line"]))
+        key = (r["file"], r["name"], r["line"])
+        w = wall.get(key)
         r["wall_self_pct"] = w["self_pct"] if w else 0.0
+        if key in rates:
+            r["calls_per_s"] = rates[key]
     return {
         "session": session_info(session),
         "samples_per_s": samples_per_s(session),
@@ -95,19 +118,39 @@ def render_top(view: dict[str, Any], title: str | None = None) -> Group:
         f"overhead [bold]{100 * info['overhead']:.2f}%[/] of budget {100 * info['budget']:.2f}%   "
         f"cpu samples {view['cpu_samples']:,} / wall {view['wall_samples']:,}"
     )
+    spend = info.get("spending")
+    if spend:
+        now = spend.get("now") or {}
+        parts_now = "  ".join(f"{k} {100 * v:.2f}%" for k, v in sorted(now.items()) if v > 0)
+        delays = spend.get("delays_s") or {}
+        detail = "  ".join(
+            f"{k.split('.', 1)[1]} detail every {v:.1f}s" for k, v in sorted(delays.items()) if k.startswith("detail.")
+        )
+        header.append_text(
+            Text.from_markup(
+                f"\nspent now [bold]{100 * sum(now.values()):.2f}%[/] ({parts_now or 'nothing yet'})   "
+                f"scheduled by {'the monitor' if spend.get('scheduler') == 'monitor' else 'the agent'}   "
+                f"sample every {1000 * delays.get('sample', 0.0):.1f} ms  {detail}"
+            )
+        )
     table = Table(title=title, expand=False, show_edge=False, header_style="bold")
     table.add_column("self %", justify="right")
     table.add_column("total %", justify="right")
     has_wall = any("wall_self_pct" in row for row in view["functions"])
     if has_wall:
         table.add_column("wall self %", justify="right", style="dim")
+    has_calls = any("calls_per_s" in row for row in view["functions"])
+    if has_calls:
+        table.add_column("calls/s", justify="right")
     table.add_column("function")
     table.add_column("where", style="dim")
     for row in view["functions"]:
+        rate = row.get("calls_per_s")
         table.add_row(
             f"{row['self_pct']:5.1f}",
             f"{row['total_pct']:5.1f}",
             *([f"{row.get('wall_self_pct', 0.0):5.1f}"] if has_wall else []),
+            *([f"{rate:,.0f}" if rate is not None else ""] if has_calls else []),
             row["name"],
             f"{_short(row['file'])}:{row['line']}",
         )

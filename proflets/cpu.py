@@ -7,19 +7,30 @@ does: below that a sampling profile is noise), and optionally with time in
 the standard library and installed packages charged to the application line
 that called it.
 
-The agent half is the sampler itself (``agent.core``); this module is the
-monitor half. Detailing (exact call counts of the candidates) comes with the
-proflet framework.
+The basic analysis's agent half is the sampler itself (``agent.core``).
+Detailing is :class:`CpuCollector`: exact call and line counts of the
+candidate functions (the hottest by self samples) for a short burst, which
+the monitor extrapolates to rates. It is selective: only the candidates'
+code objects are instrumented, through ``sys.monitoring`` local events on
+3.12+; on 3.11, which has no selective hook, yappi counts every call for the
+burst and its (much larger) slowdown is measured and charged.
 """
 
 from __future__ import annotations
 
+import contextlib
+import sys
+import threading
+import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from types import CodeType
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from agent.proflet import Collector, DetailContext
 
 if TYPE_CHECKING:
     from monitor.profile import Metric, Profile
-    from monitor.session import Frame
+    from monitor.session import Frame, Session
 
 #: Show only what takes at least this share of the samples.
 FLOOR_PCT = 0.5
@@ -81,3 +92,259 @@ def _table(
         )
     rows.sort(key=lambda r: (-r["self"], -r["total"], r["name"]))
     return rows
+
+
+#: A function with at least this share of the cpu samples is a detailing candidate.
+CANDIDATE_PCT = 5.0
+
+
+def priority(session: Session, window_s: float = 10.0) -> float:
+    """PRTY of cpu detailing for a session: how CPU-bound it is and how many candidates there are.
+
+    CPU-boundness is running threads per sampling pass (1 or more: at least
+    one thread always runs); candidates are functions with at least
+    CANDIDATE_PCT of the cpu samples. A process with nothing hot gets a low
+    priority, not zero, so its first candidates still get counted.
+    """
+    counts, passes = session.window_counts(window_s)
+    if passes <= 0:
+        return 0.1
+    frames = session.frames.frames
+    cpu_total = 0
+    by_function: dict[tuple[str, str, int], int] = {}
+    for (_, stack), (_, cpu) in counts.items():
+        if cpu and stack:
+            cpu_total += cpu
+            f = frames[stack[-1]].function
+            by_function[f] = by_function.get(f, 0) + cpu
+    if cpu_total == 0:
+        return 0.1
+    candidates = sum(1 for n in by_function.values() if 100.0 * n / cpu_total >= CANDIDATE_PCT)
+    busy = min(1.0, cpu_total / passes)
+    return max(0.1, busy * (0.5 + 0.5 * min(1.0, candidates / 4)))
+
+
+# --- agent half: detailing ---------------------------------------------------------
+
+
+def _calibration_target(n: int) -> int:
+    # A small loop of the shape hot code has: a call, then a few lines each time round.
+    total = 0
+    for i in range(n):
+        total += i & 7
+    return total
+
+
+def _best_of(runs: int, fn: Callable[[], object]) -> float:
+    best = float("inf")
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+class CpuCollector(Collector):
+    """Exact call and line counts of the candidate functions over a burst.
+
+    The slowdown is measured, not declared: the cost of one event is
+    calibrated once (the same callbacks on a small loop, with and without
+    the hooks, best of three), and a burst's slowdown is its event count
+    times that cost. On 3.12+ the events are the candidates' calls and lines
+    only; on 3.11 yappi sees every call of every function in every thread.
+    """
+
+    name = "cpu"
+    OVHD_MS = 0.5
+    # Line events in a tight loop cost several times the line itself: start
+    # from a high guess, so the first burst is short rather than over budget.
+    SLOW = 3.0
+    ITVL_MS = 500.0
+    PRTY = 0.5
+    # Counting calls does not disturb what other proflets measure much more
+    # than sampling does; timing-sensitive proflets leave cpu out of their own list.
+    ALLOWS: ClassVar[frozenset[str]] = frozenset({"memory", "io", "heap"})
+    DETAILS = True
+    #: candidates instrumented per burst
+    MAX_CANDIDATES = 8
+
+    def __init__(self) -> None:
+        self._monitoring = sys.version_info >= (3, 12)
+        self._tool: int | None = None
+        self._codes: list[CodeType] = []
+        self._calls: dict[CodeType, int] = {}
+        self._lines: dict[tuple[CodeType, int], int] = {}
+        self._event_cost_s: float | None = None
+        self._started = 0.0
+        self._yappi_calls_before = 0
+
+    # sys.monitoring callbacks: as little as possible per event
+    def _on_start(self, code: CodeType, offset: int) -> None:
+        calls = self._calls
+        calls[code] = calls.get(code, 0) + 1
+
+    def _on_line(self, code: CodeType, line: int) -> None:
+        key = (code, line)
+        lines = self._lines
+        lines[key] = lines.get(key, 0) + 1
+
+    def unavailable(self) -> str | None:
+        if self._monitoring:
+            mon = sys.monitoring  # type: ignore[attr-defined,unused-ignore]
+            if all(mon.get_tool(t) is not None for t in (mon.PROFILER_ID, 3, 4)):
+                return "every sys.monitoring tool id a profiler may use is taken"
+            return None
+        try:
+            import yappi
+        except ImportError:
+            return "yappi is not importable in the target"
+        if yappi.is_running() or sys.getprofile() is not None or threading.getprofile() is not None:
+            return "a profiler is already installed in the target"
+        return None
+
+    # --- 3.12+: sys.monitoring local events on the candidates only ----------------
+
+    def _claim_tool(self) -> int:
+        mon = sys.monitoring  # type: ignore[attr-defined,unused-ignore]
+        for tool in (mon.PROFILER_ID, 3, 4):
+            if mon.get_tool(tool) is None:
+                mon.use_tool_id(tool, "dyper")
+                mon.register_callback(tool, mon.events.PY_START, self._on_start)
+                mon.register_callback(tool, mon.events.LINE, self._on_line)
+                return int(tool)
+        raise RuntimeError("no free sys.monitoring tool id")
+
+    def _release_tool(self) -> None:
+        tool = self._tool
+        if tool is None:
+            return
+        self._tool = None
+        mon = sys.monitoring  # type: ignore[attr-defined,unused-ignore]
+        for code in self._codes:
+            with contextlib.suppress(ValueError):
+                mon.set_local_events(tool, code, 0)
+        mon.register_callback(tool, mon.events.PY_START, None)
+        mon.register_callback(tool, mon.events.LINE, None)
+        mon.free_tool_id(tool)
+
+    def _calibrate_monitoring(self) -> float:
+        mon = sys.monitoring  # type: ignore[attr-defined,unused-ignore]
+        code = _calibration_target.__code__
+        n = 300
+        plain = _best_of(3, lambda: _calibration_target(n))
+        assert self._tool is not None
+        mon.set_local_events(self._tool, code, mon.events.PY_START | mon.events.LINE)
+        try:
+            hooked = _best_of(3, lambda: _calibration_target(n))
+        finally:
+            mon.set_local_events(self._tool, code, 0)
+            self._calls.pop(code, None)
+            for key in [k for k in self._lines if k[0] is code]:
+                del self._lines[key]
+        events = 1 + 2 * n + 2  # the call, two lines per round, the first and last line
+        return max(0.0, hooked - plain) / events
+
+    # --- 3.11: yappi for the burst -----------------------------------------------------
+
+    def _calibrate_yappi(self) -> float:
+        import yappi
+
+        def leaf() -> None:
+            pass
+
+        def calls() -> None:
+            for _ in range(500):
+                leaf()
+
+        plain = _best_of(3, calls)
+        yappi.start(builtins=False, profile_threads=False)
+        try:
+            hooked = _best_of(3, calls)
+        finally:
+            yappi.stop()
+            yappi.clear_stats()
+        return max(0.0, hooked - plain) / 500
+
+    # --- hooks ----------------------------------------------------------------------
+
+    def start_detail(self, ctx: DetailContext) -> None:
+        self._codes = list(ctx.candidates[: self.MAX_CANDIDATES])
+        self._calls = {}
+        self._lines = {}
+        if self._monitoring:
+            mon = sys.monitoring  # type: ignore[attr-defined,unused-ignore]
+            self._tool = self._claim_tool()
+            if self._event_cost_s is None:
+                self._event_cost_s = self._calibrate_monitoring()
+            for code in self._codes:
+                mon.set_local_events(self._tool, code, mon.events.PY_START | mon.events.LINE)
+        else:
+            import yappi
+
+            if self._event_cost_s is None:
+                self._event_cost_s = self._calibrate_yappi()
+            yappi.set_clock_type("wall")
+            yappi.clear_stats()
+            yappi.start(builtins=False, profile_threads=True)
+        self._started = time.perf_counter()
+
+    def _events(self) -> int:
+        if self._monitoring:
+            return sum(self._calls.values()) + sum(self._lines.values())
+        import yappi
+
+        # Every call of every function pays yappi's hook, not just the candidates'.
+        return sum(s.ncall for s in yappi.get_func_stats()) if yappi.is_running() else 0
+
+    def slowdown_s(self) -> float:
+        if not self._monitoring:
+            # yappi's stats cost a walk over every function seen: too dear to
+            # read during the burst, so the estimate comes at the end.
+            return 0.0
+        return self._events() * (self._event_cost_s or 0.0)
+
+    def stop_detail(self) -> dict[str, Any]:
+        length = time.perf_counter() - self._started
+        if self._monitoring:
+            self._release_tool()
+            calls = {c: self._calls.get(c, 0) for c in self._codes}
+            lines = dict(self._lines)
+            events = sum(calls.values()) + sum(lines.values())
+        else:
+            calls, lines, events = self._stop_yappi()
+        result = {
+            "length_s": length,
+            "slowdown_s": events * (self._event_cost_s or 0.0),
+            "functions": [[c.co_filename, c.co_qualname, c.co_firstlineno, n] for c, n in calls.items()],
+            "lines": [[c.co_filename, c.co_qualname, c.co_firstlineno, line, n] for (c, line), n in lines.items()],
+        }
+        self._calls, self._lines, self._codes = {}, {}, []
+        return result
+
+    def _stop_yappi(self) -> tuple[dict[CodeType, int], dict[tuple[CodeType, int], int], int]:
+        import yappi
+
+        yappi.stop()
+        try:
+            # yappi names methods its own way; file and first line name a function alike.
+            wanted = {(c.co_filename, c.co_firstlineno): c for c in self._codes}
+            calls = dict.fromkeys(self._codes, 0)
+            events = 0
+            for stat in yappi.get_func_stats():
+                events += stat.ncall
+                code = wanted.get((stat.module, stat.lineno))
+                if code is not None:
+                    calls[code] += stat.ncall
+        finally:
+            yappi.clear_stats()
+        return calls, {}, events
+
+    def close(self) -> None:
+        if self._monitoring:
+            self._release_tool()
+        elif "yappi" in sys.modules:
+            yappi = sys.modules["yappi"]
+            if yappi.is_running():
+                yappi.stop()
+                yappi.clear_stats()
+        self._codes = []

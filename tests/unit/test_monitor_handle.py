@@ -16,7 +16,9 @@ def decode_all(replies):
 def test_hello_report_and_ctl():
     m = Monitor("tcp://127.0.0.1:0")
     assert m.handle(ID, protocol.encode(protocol.HELLO, HELLO)) == []
-    assert m.handle(ID, protocol.encode(protocol.REPORT, make_report([(7, 3, [1, 0])]))) == []
+    # DYMON answers every report with the agent's timings
+    (timings,) = decode_all(m.handle(ID, protocol.encode(protocol.REPORT, make_report([(7, 3, [1, 0])]))))
+    assert timings[0] == protocol.CONFIGURE and timings[1]["plan"]["sample_delay_s"] > 0
     (reply,) = decode_all(m.handle(b"cli", protocol.encode(protocol.CTL, {"id": 5, "op": "sessions"})))
     assert reply[0] == protocol.CTL_REPLY and reply[1]["id"] == 5
     assert reply[1]["result"][0]["pid"] == 1 and reply[1]["result"][0]["samples"] == 3

@@ -1,0 +1,174 @@
+"""The detailing queue, the scheduler's due times and online calibration (pure, fake clock)."""
+
+import itertools
+import math
+import random
+
+import pytest
+
+from agent.budget import ProfletCosts, cost, plan
+from agent.schedule import BurstCost, DetailQueue, DetailScheduler, calibrate, compatible, fit_interval
+
+ALLOWS = {
+    "cpu": frozenset({"memory"}),
+    "memory": frozenset({"cpu"}),
+    "threads": frozenset(),  # times waits: nothing else may run beside it
+}
+
+
+def test_compatibility_needs_both_sides():
+    assert compatible("cpu", "memory", ALLOWS)
+    assert not compatible("cpu", "threads", ALLOWS)
+    one_sided = {"a": frozenset({"b"}), "b": frozenset()}
+    assert not compatible("a", "b", one_sided)
+
+
+def test_compatible_requests_run_together():
+    q = DetailQueue(ALLOWS)
+    q.request("cpu")
+    q.request("memory")
+    assert q.ready() == ["cpu", "memory"]
+    assert q.running == {"cpu", "memory"}
+
+
+def test_conflicting_request_waits_and_is_never_dropped():
+    q = DetailQueue(ALLOWS)
+    q.request("cpu")
+    assert q.ready() == ["cpu"]
+    q.request("threads")
+    q.request("memory")
+    # threads conflicts with the running cpu burst and waits; memory would fit beside
+    # cpu, but going ahead would make the earlier threads request wait longer.
+    assert q.ready() == []
+    assert q.waiting == ["threads", "memory"]
+    q.finish("cpu")
+    assert q.ready() == ["threads"]
+    q.finish("threads")
+    assert q.ready() == ["memory"]
+
+
+def test_an_unrelated_request_overtakes_a_waiting_one():
+    allows = {"cpu": frozenset({"io"}), "io": frozenset({"cpu", "threads"}), "threads": frozenset({"io"})}
+    q = DetailQueue(allows)
+    q.request("cpu")
+    q.ready()
+    q.request("threads")  # waits for cpu
+    q.request("io")  # fits beside cpu and beside the waiting threads request
+    assert q.ready() == ["io"]
+    assert q.waiting == ["threads"]
+
+
+def test_a_waiting_request_blocks_later_conflicting_ones_in_order():
+    q = DetailQueue(ALLOWS)
+    q.request("memory")
+    q.ready()
+    q.request("threads")  # waits for memory
+    q.request("cpu")  # compatible with memory, but conflicts with the earlier threads request
+    assert q.ready() == []
+    assert q.waiting == ["threads", "cpu"]
+    q.finish("memory")
+    assert q.ready() == ["threads"]
+    q.finish("threads")
+    assert q.ready() == ["cpu"]
+
+
+def test_a_request_the_guard_cannot_pay_for_holds_the_queue_behind_it():
+    q = DetailQueue(ALLOWS)
+    q.request("threads")
+    q.request("cpu")
+    assert q.ready(affordable=lambda name: name != "threads") == []
+    assert q.waiting == ["threads", "cpu"]
+    assert q.ready() == ["threads"]
+
+
+def test_duplicate_requests_are_one_request():
+    q = DetailQueue(ALLOWS)
+    q.request("cpu")
+    q.request("cpu")
+    assert q.waiting == ["cpu"]
+    q.ready()
+    q.request("cpu")  # already running
+    assert q.waiting == []
+
+
+def test_scheduler_due_times_follow_the_plan_with_a_fake_clock():
+    s = DetailScheduler(DetailQueue(ALLOWS), rng=random.Random(1))
+    s.set_delays({"cpu": 10.0, "threads": math.inf}, now=0.0)
+    assert "threads" not in s.due  # infinite delay: never details
+    first = s.due["cpu"]
+    assert 1.0 <= first <= 20.0
+    assert s.tick(first - 0.001) == []
+    assert s.tick(first) == ["cpu"]
+    assert s.tick(first + 100) == []  # running: not requested again
+    s.finished("cpu", now=50.0)
+    assert s.due["cpu"] >= 51.0
+
+
+def test_mean_delay_between_bursts_matches_the_plan():
+    s = DetailScheduler(DetailQueue(ALLOWS), rng=random.Random(7))
+    s.set_delays({"cpu": 4.0}, now=0.0)
+    now, starts = 0.0, []
+    while len(starts) < 400:
+        if s.tick(now):
+            starts.append(now)
+            s.finished("cpu", now)
+        now += 0.01
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert sum(gaps) / len(gaps) == pytest.approx(4.0, rel=0.1)
+
+
+def test_replanning_never_pushes_a_burst_later():
+    s = DetailScheduler(DetailQueue(ALLOWS), rng=random.Random(3))
+    s.set_delays({"cpu": 5.0}, now=0.0)
+    due = s.due["cpu"]
+    s.set_delays({"cpu": 500.0}, now=1.0)
+    assert s.due["cpu"] == due
+    s.set_delays({"cpu": 0.5}, now=1.0)
+    assert s.due["cpu"] <= 1.0 + 0.5 * 2
+
+
+def test_a_proflet_left_out_of_the_plan_is_forgotten():
+    s = DetailScheduler(DetailQueue(ALLOWS), rng=random.Random(3))
+    s.set_delays({"cpu": 1.0, "memory": 1.0}, now=0.0)
+    s.tick(100.0)
+    s.set_delays({"cpu": 1.0}, now=100.0)
+    assert "memory" not in s.queue.running and "memory" not in s.due
+
+
+def test_calibration_moves_slow_towards_the_measured_loss():
+    declared = ProfletCosts("cpu", ovhd_ms=1.0, slow=0.5, itvl_ms=500.0, prty=0.5)
+    # A burst of 0.5 s in which the application lost 0.4 s: f = 0.8, SLOW = 4.
+    burst = BurstCost(fixed_s=0.002, slowdown_s=0.4, length_s=0.5)
+    c = declared
+    for _ in range(30):
+        c = calibrate(c, burst)
+    assert c.slow == pytest.approx(4.0, rel=1e-3)
+    assert c.ovhd_ms == pytest.approx(2.0, rel=1e-3)
+    # ... so COST(p) is what the burst cost: fixed plus the loss.
+    assert cost(c) == pytest.approx(2.0 + 400.0, rel=1e-3)
+
+
+def test_one_calibration_step_is_a_moving_average():
+    declared = ProfletCosts("cpu", ovhd_ms=0.0, slow=1.0, itvl_ms=100.0, prty=0.5)
+    c = calibrate(declared, BurstCost(0.0, 0.0, 0.1), alpha=0.3)
+    assert c.slow == pytest.approx(0.7)
+
+
+def test_fit_interval_shortens_a_burst_to_what_the_guard_can_save():
+    c = ProfletCosts("cpu", ovhd_ms=2.0, slow=3.0, itvl_ms=1000.0, prty=0.5)  # COST 752 ms
+    fitted = fit_interval(c, max_cost_s=0.05)
+    assert cost(fitted) == pytest.approx(50.0)
+    assert fit_interval(c, max_cost_s=10.0) == c
+
+
+def test_sampling_share_it_cannot_use_goes_to_detailing():
+    p = ProfletCosts("cpu", ovhd_ms=1.0, slow=3.0, itvl_ms=500.0, prty=0.5)
+    free = plan(0.25, 10e-6, 1e-3, [p])
+    # 10 us samples at the 2 ms floor spend 0.5% of the 11.25% sampling share.
+    assert free.sample_delay_s == pytest.approx(0.002)
+    assert free.detail_share["cpu"] == pytest.approx(0.5 + (0.1125 - 0.005) / 0.25)
+    # Behind a busy thread samples start 3 ms late on average: sampling spends even less.
+    gil = plan(0.25, 10e-6, 1e-3, [p], sample_lag_s=0.003)
+    assert gil.detail_share["cpu"] == pytest.approx(0.5 + (0.1125 - 0.002) / 0.25)
+    # With no proflet to pass it to, the share stays where it was.
+    assert plan(0.25, 10e-6, 1e-3).detail_share == {}
