@@ -6,9 +6,11 @@ The script's stdout is captured; at the end one line goes to stdout:
 
     @@dyper-bench {"wall_s": ..., "cpu_s": ..., "user_s": ..., "sys_s": ..., ...}
 
-with the wall time of the script, the CPU time of the whole process so far
-(all its threads, the agent's included, from interpreter start-up on), the
-peak RSS, the gc's collections and the last lines the script printed. The
+with the wall time of the script, the CPU time the process spent while the
+script ran (all its threads, the agent's included), the CPU time of the whole
+process and of its start-up before the script (where an agent started by
+sitecustomize spends its own start-up), the peak RSS, the gc's collections and
+the last lines the script printed. The
 overhead benchmark (bench/overhead.py) starts every script workload through
 this wrapper, with and without the agent, so both sides carry the same frames.
 """
@@ -37,6 +39,7 @@ def main() -> int:
     sys.path[0] = os.path.dirname(script)
     out = io.StringIO()
     code = 0
+    u0 = resource.getrusage(resource.RUSAGE_SELF)  # microseconds, where os.times() counts clock ticks
     t0 = time.perf_counter()
     try:
         with contextlib.redirect_stdout(out):
@@ -44,12 +47,14 @@ def main() -> int:
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     wall = time.perf_counter() - t0
-    usage = resource.getrusage(resource.RUSAGE_SELF)  # microseconds, where os.times() counts clock ticks
+    usage = resource.getrusage(resource.RUSAGE_SELF)
     report = {
         "wall_s": wall,
-        "cpu_s": usage.ru_utime + usage.ru_stime,
-        "user_s": usage.ru_utime,
-        "sys_s": usage.ru_stime,
+        "cpu_s": usage.ru_utime + usage.ru_stime - u0.ru_utime - u0.ru_stime,
+        "user_s": usage.ru_utime - u0.ru_utime,
+        "sys_s": usage.ru_stime - u0.ru_stime,
+        "cpu_total_s": usage.ru_utime + usage.ru_stime,
+        "startup_cpu_s": u0.ru_utime + u0.ru_stime,
         "maxrss_kb": usage.ru_maxrss,
         "gc_collections": [s["collections"] for s in gc.get_stats()],
         "exit_code": code,
