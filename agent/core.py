@@ -179,12 +179,16 @@ class Agent:
         self._ident = 0
         self.sample_cost_s = INITIAL_SAMPLE_COST_S
         self.sample_lag_s = 0.0
+        #: the loop's own GIL-held time per wake-up, beyond the operations it runs
+        self.wake_cost_s = 0.0
         self.report_cost_s = INITIAL_REPORT_COST_S
         now = clock()
         self.guard = Guard(budget, now)
         self.plan: Plan = plan(budget, self.sample_cost_s, self.report_cost_s)
         self._window_start = now
-        self._window_costs = {"sample": 0.0, "report": 0.0, "detail": 0.0}
+        self._window_costs = {"sample": 0.0, "report": 0.0, "detail": 0.0, "wake": 0.0}
+        #: sampler-thread time charged so far in this wake-up (see _loop)
+        self._accounted_s = 0.0
         self._bye_reason = "stop"
         self._hello_sent = False
         #: the costliest single operation so far: how far the ledger can be
@@ -201,6 +205,10 @@ class Agent:
         self.proflets_off: dict[str, str] = {}
         self.scheduler = DetailScheduler(rng=self._rng)
         self._bursts: dict[str, _Burst] = {}
+        #: when the detailing machinery next needs a look: a due time, a burst's
+        #: tick or end, or a retry while requests wait for money. Set when
+        #: something changes, never pushed later by merely looping.
+        self._detail_at = -math.inf
         self._details_done: list[dict[str, Any]] = []
         self.bursts_total = 0
         #: location id of a leaf -> recent self samples, decayed each report: the candidates
@@ -309,6 +317,11 @@ class Agent:
         next_hello = now + HELLO_RETRY_S
         next_replan = now + REPLAN_S
         while not self._stopping.is_set():
+            # Everything the sampler does between two polls holds the GIL and
+            # so stalls a busy application thread: the whole wake-up is
+            # charged, the part no operation below accounts for as "wake".
+            awake_from = time.perf_counter()
+            self._accounted_s = 0.0
             now = self.clock()
             if now >= next_replan or (self._monitor_plan is not None and now >= self._monitor_plan_until):
                 self._replan()
@@ -325,6 +338,7 @@ class Agent:
                     self.sample()
                     spent = time.perf_counter() - t0
                     self._window_costs["sample"] += spent
+                    self._accounted_s += spent
                     self.guard.charge(spent, self.clock())
                     self.max_op_s = max(self.max_op_s, spent)
                     # A plain mean over the first samples, then a moving average:
@@ -335,8 +349,9 @@ class Agent:
                     if self._samples_total in _EARLY_REPLANS:
                         self._replan()
                     next_sample = now + self._jitter(self.sample_delay_s)
-            if self.collectors:
+            if self.collectors and now >= self._detail_at:
                 self._detail_step(self.clock())
+                self._detail_at = self._next_detail_event()
             if not self._hello_sent and now >= next_hello:
                 # Until the connection is up the hello cannot go; reports wait
                 # for it, their counts keep accumulating meanwhile.
@@ -353,9 +368,14 @@ class Agent:
                 self._pending_budget = None
                 self._apply_budget(budget)
                 next_sample = min(next_sample, self.clock() + self.sample_delay_s)
-            wake = min(next_sample, next_report, self._next_detail_event())
+            wake = min(next_sample, next_report, self._detail_at)
             # Round up: a sub-millisecond wait truncated to poll(0) would make
             # this loop spin, taking the GIL from the application each time.
+            rest = time.perf_counter() - awake_from - self._accounted_s
+            if rest > 0:
+                self._window_costs["wake"] += rest
+                self.guard.charge(rest, self.clock())
+                self.wake_cost_s += EWMA_ALPHA * (rest - self.wake_cost_s)
             remaining_ms = (wake - self.clock()) * 1000.0
             timeout_ms = math.ceil(remaining_ms) if remaining_ms > 0 else 0
             for item, _ in poller.poll(timeout_ms):
@@ -392,12 +412,19 @@ class Agent:
 
     def _replan(self) -> None:
         now = self.clock()
-        self.plan = plan(self.budget, self.sample_cost_s, self.report_cost_s, self._fitted_costs(), self.sample_lag_s)
+        self.plan = plan(
+            self.budget,
+            self.sample_cost_s + self.wake_cost_s,
+            self.report_cost_s,
+            self._fitted_costs(),
+            self.sample_lag_s,
+        )
         sample, report = self.plan.sample_delay_s, self.plan.report_delay_s
         theirs = self._monitor_plan if now < self._monitor_plan_until else None
         if theirs is None:
             self._monitor_plan = None
             self.scheduler.set_delays(self.plan.detail_delay_s, now)
+            self._detail_at = min(self._detail_at, self.scheduler.next_event())
         else:
             # The monitor decides when to detail (it sends a request per burst);
             # its timings are taken only where they spend no more than ours.
@@ -475,6 +502,8 @@ class Agent:
             return
         fixed = time.perf_counter() - t0
         self.max_op_s = max(self.max_op_s, fixed)
+        self._accounted_s += fixed
+        self._window_costs["detail"] += fixed
         # Reserve the expected slowdown now, so sampling cannot spend it while
         # the burst runs; the measured slowdown replaces it at the end.
         reserved = costs.slow / (1.0 + costs.slow) * length
@@ -496,7 +525,8 @@ class Agent:
         length = float(result.get("length_s", now - burst.start))
         # Settle the reservation against what was measured (a refund if it was less).
         self.guard.charge(fixed - burst.fixed_s + slowdown - burst.charged_s, self.clock())
-        self._window_costs["detail"] += fixed + slowdown
+        self._window_costs["detail"] += fixed - burst.fixed_s + slowdown
+        self._accounted_s += fixed - burst.fixed_s
         self.max_op_s = max(self.max_op_s, fixed - burst.fixed_s)
         self.proflet_costs[name] = calibrate(self.proflet_costs[name], BurstCost(fixed, slowdown, length))
         self.scheduler.finished(name, self.clock())
@@ -650,7 +680,7 @@ class Agent:
             self.counts.clear()
             self.samples_in_window = 0
             self._window_start = now
-            self._window_costs = {"sample": 0.0, "report": 0.0, "detail": 0.0}
+            self._window_costs = {"sample": 0.0, "report": 0.0, "detail": 0.0, "wake": 0.0}
             self.errors.clear()
         else:
             # Keep the counts: they go out with the next report that gets through.
@@ -658,6 +688,7 @@ class Agent:
         spent = time.perf_counter() - t0
         self.max_op_s = max(self.max_op_s, spent)
         self._window_costs["report"] += spent
+        self._accounted_s += spent
         self.guard.charge(spent, self.clock())
         self.report_cost_s += EWMA_ALPHA * 4 * (spent - self.report_cost_s)
         self._replan()
@@ -751,3 +782,4 @@ class Agent:
                 # Only while the monitor's plan holds: on our own we keep our own schedule.
                 if name in self.collectors and self._monitor_plan is not None:
                     self.scheduler.queue.request(name)
+                    self._detail_at = -math.inf  # look at once

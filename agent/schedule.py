@@ -111,6 +111,8 @@ class DetailScheduler:
         or it had none; a burst does not get later because the plan was redone."""
         for name, delay in delays.items():
             old = self.due.get(name)
+            if name in self.queue.waiting or name in self.queue.running:
+                continue  # its next due time is set when this burst finishes
             if math.isinf(delay):
                 self.due.pop(name, None)
             elif old is None:

@@ -116,7 +116,8 @@ class AgentSchedule:
         costs = report.get("costs") or {}
         samples = report.get("samples") or 0
         if samples > 0 and costs.get("sample", 0) > 0:
-            self.sample_cost_s = float(costs["sample"]) / samples
+            # A sample's wake-up (the loop around it, GIL held) is part of its cost.
+            self.sample_cost_s = (float(costs["sample"]) + float(costs.get("wake", 0.0))) / samples
         if costs.get("report", 0) > 0:
             self.report_cost_s = float(costs["report"])
         delays = report.get("delays") or {}

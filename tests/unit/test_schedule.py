@@ -172,3 +172,12 @@ def test_sampling_share_it_cannot_use_goes_to_detailing():
     assert gil.detail_share["cpu"] == pytest.approx(0.5 + (0.1125 - 0.002) / 0.25)
     # With no proflet to pass it to, the share stays where it was.
     assert plan(0.25, 10e-6, 1e-3).detail_share == {}
+
+
+def test_a_waiting_or_running_proflet_gets_no_second_due_time():
+    s = DetailScheduler(DetailQueue(ALLOWS), rng=random.Random(3))
+    s.set_delays({"cpu": 1.0}, now=0.0)
+    s.tick(100.0, affordable=lambda name: False)
+    assert s.queue.waiting == ["cpu"]
+    s.set_delays({"cpu": 2.0}, now=100.0)
+    assert "cpu" not in s.due
