@@ -74,7 +74,8 @@ def start(
     ``budget`` (``"1%"`` or ``0.01``) to ``$DYPER_BUDGET`` and then 1%.
     ``ceiling`` caps every later budget change. ``proflets`` names the
     proflets whose collectors run (default: the built-ins; a
-    :class:`agent.proflet.Collector` instance may stand for a name).
+    :class:`agent.proflet.Collector` instance may stand for a name), then
+    ``$DYPER_PROFLETS`` (comma-separated; empty for sampling only).
     Thread-safe and idempotent.
     """
     global _agent
@@ -89,6 +90,9 @@ def start(
             return _agent.agent_id
         from agent.core import Agent
 
+        if proflets is None and "DYPER_PROFLETS" in os.environ:
+            # e.g. DYPER_PROFLETS="" for sampling only, "cpu" for the cpu proflet's detailing
+            proflets = tuple(p for p in os.environ["DYPER_PROFLETS"].replace(" ", "").split(",") if p)
         kwargs: dict[str, Any] = {} if proflets is None else {"proflets": tuple(proflets)}
         new = Agent(endpoint, fraction, attach_token=attach_token, ceiling=cap, on_exit=_on_exit, **kwargs)
         _agent = new

@@ -368,7 +368,7 @@ class Agent:
                 self._pending_budget = None
                 self._apply_budget(budget)
                 next_sample = min(next_sample, self.clock() + self.sample_delay_s)
-            wake = min(next_sample, next_report, self._detail_at)
+            wake = min(next_sample, next_report, self._detail_at if self.collectors else math.inf)
             # Round up: a sub-millisecond wait truncated to poll(0) would make
             # this loop spin, taking the GIL from the application each time.
             rest = time.perf_counter() - awake_from - self._accounted_s

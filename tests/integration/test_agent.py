@@ -150,7 +150,8 @@ def test_non_loopback_endpoint_is_refused():
     assert not agent.is_running()
 
 
-def test_sampler_loop_sleeps_between_samples_and_never_spins(monkeypatch):
+@pytest.mark.parametrize("proflets", [None, ()], ids=["with-detailing", "sampling-only"])
+def test_sampler_loop_sleeps_between_samples_and_never_spins(monkeypatch, proflets):
     # A loop that wakes with nothing to do takes the GIL from the application
     # every time; with no monitor and a high budget it once spun thousands of
     # times a second. Each wake-up must be a sample, a report or a hello retry.
@@ -165,7 +166,7 @@ def test_sampler_loop_sleeps_between_samples_and_never_spins(monkeypatch):
         return real_poll(self, timeout)
 
     monkeypatch.setattr(zmq.Poller, "poll", counting_poll)
-    agent.start(f"tcp://127.0.0.1:{free_port()}", "5%")
+    agent.start(f"tcp://127.0.0.1:{free_port()}", "5%", proflets=proflets)
     try:
         end = time.monotonic() + 1.5
         while time.monotonic() < end:
