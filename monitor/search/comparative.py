@@ -1,0 +1,167 @@
+"""The profile interface over the difference of two call trees (seed 000, section 2.2, "Comparing").
+
+A comparative summary is a call sequence with its occurrences in each tree
+(the paper's ``{calls; a_roots; b_roots}``); either side may have none. Every
+number is the single-tree number for A minus the one for B, so base and cum may
+be negative and cum may be below base: the paper exposes these paradoxes
+rather than hiding them, and so does this class. Subtrees of A and B are never
+matched to each other; only call sequences are, which is the paper's point.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from monitor.search.calltree import CallTreeProfile, CallTreeSummary
+
+
+@dataclass(frozen=True)
+class ComparativeSummary:
+    """A call sequence and its occurrences in A (``a``) and in B (``b``); ``None`` where it does not occur."""
+
+    path: tuple[str, ...]
+    a: CallTreeSummary | None = field(compare=False, repr=False)
+    b: CallTreeSummary | None = field(compare=False, repr=False)
+
+
+class ComparativeProfile:
+    """Profile A minus profile B, behind the same interface as :class:`CallTreeProfile`.
+
+    Typically A is the slow run (or the recent window) and B the fast one (or an
+    older window): a summary with a high cum is a call sequence that costs more in A.
+    """
+
+    #: adding a summary can lower |total_cum_of| (a negative difference)
+    monotone = False
+
+    def __init__(self, a: CallTreeProfile, b: CallTreeProfile) -> None:
+        self.a = a
+        self.b = b
+
+    def total(self) -> int:
+        return self.a.total() - self.b.total()
+
+    # --- summaries -------------------------------------------------------------------
+
+    def summary(self, path: Sequence[str]) -> ComparativeSummary | None:
+        """The summary of ``path`` in both trees, or ``None`` if it occurs in neither."""
+        path = tuple(path)
+        return self._pair(path, self.a.summary(path), self.b.summary(path))
+
+    def path_of(self, summary: ComparativeSummary) -> tuple[str, ...]:
+        return summary.path
+
+    def initial_summaries(self) -> list[ComparativeSummary]:
+        """One summary per function name in either tree, in name order."""
+        in_a = {s.path: s for s in self.a.initial_summaries()}
+        in_b = {s.path: s for s in self.b.initial_summaries()}
+        return [ComparativeSummary(path, in_a.get(path), in_b.get(path)) for path in sorted(in_a.keys() | in_b.keys())]
+
+    def top_extensions(self, summary: ComparativeSummary) -> list[str]:
+        """The union of the top extensions in A and in B."""
+        names = set()
+        if summary.a is not None:
+            names.update(self.a.top_extensions(summary.a))
+        if summary.b is not None:
+            names.update(self.b.top_extensions(summary.b))
+        return sorted(names)
+
+    def bottom_extensions(self, summary: ComparativeSummary) -> list[str]:
+        """The union of the bottom extensions in A and in B."""
+        names = set()
+        if summary.a is not None:
+            names.update(self.a.bottom_extensions(summary.a))
+        if summary.b is not None:
+            names.update(self.b.bottom_extensions(summary.b))
+        return sorted(names)
+
+    def extend_top(self, summary: ComparativeSummary, name: str) -> ComparativeSummary:
+        """The summary of ``[name] + path``; raises ``ValueError`` unless ``name`` is a top extension."""
+        a = self.a.try_extend_top(summary.a, name) if summary.a is not None else None
+        b = self.b.try_extend_top(summary.b, name) if summary.b is not None else None
+        extended = self._pair((name, *summary.path), a, b)
+        if extended is None:
+            raise ValueError(f"{name!r} is not a top extension of {list(summary.path)!r}")
+        return extended
+
+    def extend_bottom(self, summary: ComparativeSummary, name: str) -> ComparativeSummary:
+        """The summary of ``path + [name]``; raises ``ValueError`` unless ``name`` is a bottom extension."""
+        a = self.a.try_extend_bottom(summary.a, name) if summary.a is not None else None
+        b = self.b.try_extend_bottom(summary.b, name) if summary.b is not None else None
+        extended = self._pair((*summary.path, name), a, b)
+        if extended is None:
+            raise ValueError(f"{name!r} is not a bottom extension of {list(summary.path)!r}")
+        return extended
+
+    def top_extension_summaries(self, summary: ComparativeSummary) -> list[ComparativeSummary]:
+        in_a = {s.path: s for s in self.a.top_extension_summaries(summary.a)} if summary.a is not None else {}
+        in_b = {s.path: s for s in self.b.top_extension_summaries(summary.b)} if summary.b is not None else {}
+        return [ComparativeSummary(path, in_a.get(path), in_b.get(path)) for path in sorted(in_a.keys() | in_b.keys())]
+
+    def bottom_extension_summaries(self, summary: ComparativeSummary) -> list[ComparativeSummary]:
+        in_a = {s.path: s for s in self.a.bottom_extension_summaries(summary.a)} if summary.a is not None else {}
+        in_b = {s.path: s for s in self.b.bottom_extension_summaries(summary.b)} if summary.b is not None else {}
+        return [ComparativeSummary(path, in_a.get(path), in_b.get(path)) for path in sorted(in_a.keys() | in_b.keys())]
+
+    def trim_top(self, summary: ComparativeSummary) -> ComparativeSummary | None:
+        """The summary of ``path[1:]``; ``None`` for a 1-long path.
+
+        Built from the path, not from the two sides: a side where ``path`` never
+        occurs may still have occurrences of the shorter path.
+        """
+        if len(summary.path) <= 1:
+            return None
+        return self.summary(summary.path[1:])
+
+    def trim_bottom(self, summary: ComparativeSummary) -> ComparativeSummary | None:
+        """The summary of ``path[:-1]``; ``None`` for a 1-long path."""
+        if len(summary.path) <= 1:
+            return None
+        return self.summary(summary.path[:-1])
+
+    # --- metrics: A minus B ----------------------------------------------------------
+
+    def base_of(self, summary: ComparativeSummary) -> int:
+        return self.total_base_of((summary,))
+
+    def cum_of(self, summary: ComparativeSummary) -> int:
+        return self.total_cum_of((summary,))
+
+    def total_base_of(self, summaries: Iterable[ComparativeSummary]) -> int:
+        summaries = list(summaries)
+        return self.a.total_base_of(_side(summaries, "a")) - self.b.total_base_of(_side(summaries, "b"))
+
+    def total_cum_of(self, summaries: Iterable[ComparativeSummary]) -> int:
+        summaries = list(summaries)
+        return self.a.total_cum_of(_side(summaries, "a")) - self.b.total_cum_of(_side(summaries, "b"))
+
+    def total_cum_of_prefixes(self, summaries: Sequence[ComparativeSummary]) -> list[int]:
+        a = _side_prefixes(self.a, [s.a for s in summaries])
+        b = _side_prefixes(self.b, [s.b for s in summaries])
+        return [x - y for x, y in zip(a, b, strict=True)]
+
+    @staticmethod
+    def _pair(path: tuple[str, ...], a: CallTreeSummary | None, b: CallTreeSummary | None) -> ComparativeSummary | None:
+        if a is None and b is None:
+            return None
+        return ComparativeSummary(path, a, b)
+
+
+def _side(summaries: list[ComparativeSummary], side: Literal["a", "b"]) -> list[CallTreeSummary]:
+    """The single-tree summaries of one side, leaving out those that do not occur there."""
+    picked = (s.a if side == "a" else s.b for s in summaries)
+    return [s for s in picked if s is not None]
+
+
+def _side_prefixes(profile: CallTreeProfile, sides: list[CallTreeSummary | None]) -> list[int]:
+    """One side's prefix totals; a summary absent on that side adds nothing to it."""
+    totals = iter(profile.total_cum_of_prefixes([s for s in sides if s is not None]))
+    total = 0
+    out = []
+    for s in sides:
+        if s is not None:
+            total = next(totals)
+        out.append(total)
+    return out
