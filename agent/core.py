@@ -78,8 +78,12 @@ BURST_OVERRUN: Final = 1.0
 BURST_TICK_S: Final = 0.02
 #: ... and while requests wait for money, this often to start what has become affordable.
 DETAIL_TICK_S: Final = 0.1
-#: Built-in proflets whose collectors run in the agent by default.
-DEFAULT_PROFLETS: Final = ("cpu",)
+#: Built-in proflets whose collectors run in the agent by default. On 3.11 the
+#: cpu proflet can only detail through yappi, which hooks every call of every
+#: function; its slowdown of a call-heavy service measured up to 8 times what
+#: its per-call calibration charges (bench/overhead.py, service at 25%), so
+#: there it runs only when asked for (DYPER_PROFLETS=cpu or proflets=("cpu",)).
+DEFAULT_PROFLETS: Final = ("cpu",) if sys.version_info >= (3, 12) else ()
 
 Clock = Callable[[], float]
 

@@ -52,7 +52,7 @@ def monitor_thread():
 
 def test_monitor_schedules_cpu_detailing_and_the_call_counts_arrive(monitor_thread):
     m = monitor_thread.monitor
-    agent.start(monitor_thread.endpoint, "10%")
+    agent.start(monitor_thread.endpoint, "10%", proflets=("cpu",))
     try:
         a = agent._agent
         assert a is not None
@@ -76,7 +76,7 @@ def test_monitor_schedules_cpu_detailing_and_the_call_counts_arrive(monitor_thre
 
 def test_agent_schedules_on_its_own_when_the_monitor_goes():
     mt = MonitorThread()
-    agent.start(mt.endpoint, "10%")
+    agent.start(mt.endpoint, "10%", proflets=("cpu",))
     try:
         a = agent._agent
         assert a is not None
@@ -91,7 +91,7 @@ def test_agent_schedules_on_its_own_when_the_monitor_goes():
 
 
 def test_budget_holds_with_detailing_and_no_monitor_at_all():
-    agent.start(f"tcp://127.0.0.1:{free_port()}", "5%")  # nobody listens
+    agent.start(f"tcp://127.0.0.1:{free_port()}", "5%", proflets=("cpu",))  # nobody listens
     try:
         a = agent._agent
         assert a is not None
