@@ -24,9 +24,11 @@ Where this module departs from it (see :func:`zoom`):
    extensions cannot be listed (there are none, or no prefix reaches C), that
    summary is the answer: ``[[a, b, c, d]]``.
 2. At the summary the analyst is on, if no prefix of its extensions reaches C,
-   the pseudocode lists nothing. That happens whenever the summary's own cost is
-   more than ``1 - c`` of its cum: the bottom extensions of [c] in Figure 2 hold
-   82 of its 97 (c's own 15 is in none), so [c; d] and [c; e] would be hidden.
+   the pseudocode lists nothing. That happens whenever more than ``1 - c`` of
+   the summary's cum is in none of its extensions (final nodes without
+   children, for bottom extensions; occurrences at a root of the tree, for top
+   ones): the bottom extensions of [c] in Figure 2 hold 87 of its 97 (the c
+   called from a, 10, has no callee), so [c; e] and [c; d] would be hidden.
    Our choice, not the paper's: list all of them. Nothing is "low cost" next to
    a total that no set of them reaches.
 3. A summary with cum 0 gives C = 0, which the first extension always reaches,
