@@ -101,7 +101,8 @@ def test_garbage_on_the_monitor_port_is_counted_and_real_agents_keep_working(sta
     try:
         wait_for(lambda: standing_monitor.session(target.pid), what="session")
         junk = ctx.socket(zmq.DEALER)
-        junk.setsockopt(zmq.LINGER, 0)
+        # Linger, so close() delivers the frames queued before it instead of dropping them.
+        junk.setsockopt(zmq.LINGER, 5000)
         junk.connect(standing_monitor.endpoint)
         frames = [b"", b"\xc1", os.urandom(64), b"\x93\xa5dyper\x01", b"\xdd\xff\xff\xff\xff"]
         for f in frames:
