@@ -66,10 +66,12 @@ _EARLY_REPLANS: Final = frozenset({1, 2, 4, 8, 16, 32})
 HELLO_RETRY_S: Final = 0.5
 #: Weight of a new measurement in the moving averages of costs.
 EWMA_ALPHA: Final = 0.05
-#: The monitor's timings hold this long after its last plan; past it the
-#: agent schedules on its own (the monitor sends a plan with every report's
-#: answer, so only a monitor that is gone or stuck lets it lapse).
+#: The monitor's timings hold this long after its last plan, or for this many
+#: report intervals if that is longer; past it the agent schedules on its own
+#: (the monitor answers every report with a plan, so only a monitor that is
+#: gone or stuck lets it lapse).
 MONITOR_PLAN_TTL_S: Final = 5.0
+MONITOR_PLAN_TTL_REPORTS: Final = 2.5
 #: A burst whose measured slowdown passes its reservation is ended early: the
 #: proflet is dearer than it said, and the next plan knows.
 BURST_OVERRUN: Final = 1.0
@@ -86,6 +88,14 @@ DETAIL_TICK_S: Final = 0.1
 DEFAULT_PROFLETS: Final = ("cpu",) if sys.version_info >= (3, 12) else ()
 
 Clock = Callable[[], float]
+
+#: What the agent's own work costs is read on the sampler thread's CPU clock.
+#: While it computes it holds the GIL, so its CPU time is what it takes from
+#: the application. Wall time would overcharge every operation longer than
+#: the switch interval: the application forces the GIL back, runs its slice,
+#: and that slice would be counted as ours. Bursts' slowdown of the
+#: application threads is measured by the proflets themselves.
+_cost_clock: Callable[[], float] = time.thread_time
 
 
 def _process_start_time() -> float:
@@ -324,7 +334,7 @@ class Agent:
             # Everything the sampler does between two polls holds the GIL and
             # so stalls a busy application thread: the whole wake-up is
             # charged, the part no operation below accounts for as "wake".
-            awake_from = time.perf_counter()
+            awake_from = _cost_clock()
             self._accounted_s = 0.0
             now = self.clock()
             if now >= next_replan or (self._monitor_plan is not None and now >= self._monitor_plan_until):
@@ -338,9 +348,9 @@ class Agent:
                     # How late the sample starts: mostly the wait for the GIL
                     # behind a busy thread, which caps how often we can sample.
                     self.sample_lag_s += EWMA_ALPHA * (now - next_sample - self.sample_lag_s)
-                    t0 = time.perf_counter()
+                    t0 = _cost_clock()
                     self.sample()
-                    spent = time.perf_counter() - t0
+                    spent = _cost_clock() - t0
                     self._window_costs["sample"] += spent
                     self._accounted_s += spent
                     self.guard.charge(spent, self.clock())
@@ -375,7 +385,7 @@ class Agent:
             wake = min(next_sample, next_report, self._detail_at if self.collectors else math.inf)
             # Round up: a sub-millisecond wait truncated to poll(0) would make
             # this loop spin, taking the GIL from the application each time.
-            rest = time.perf_counter() - awake_from - self._accounted_s
+            rest = _cost_clock() - awake_from - self._accounted_s
             if rest > 0:
                 self._window_costs["wake"] += rest
                 self.guard.charge(rest, self.clock())
@@ -501,13 +511,13 @@ class Agent:
     def _start_burst(self, name: str, now: float) -> None:
         costs = self._burst_costs(name)
         length = costs.itvl_ms / 1000.0
-        t0 = time.perf_counter()
+        t0 = _cost_clock()
         try:
             self.collectors[name].start_detail(DetailContext(self._candidates(), length))
         except Exception as exc:
             self._switch_off(name, exc)
             return
-        fixed = time.perf_counter() - t0
+        fixed = _cost_clock() - t0
         self.max_op_s = max(self.max_op_s, fixed)
         self._accounted_s += fixed
         self._window_costs["detail"] += fixed
@@ -521,13 +531,13 @@ class Agent:
     def _stop_burst(self, name: str, now: float) -> None:
         burst = self._bursts.pop(name)
         collector = self.collectors.get(name)
-        t0 = time.perf_counter()
+        t0 = _cost_clock()
         try:
             result = collector.stop_detail() if collector is not None else {}
         except Exception as exc:
             self._switch_off(name, exc)
             return
-        fixed = burst.fixed_s + time.perf_counter() - t0
+        fixed = burst.fixed_s + _cost_clock() - t0
         slowdown = float(result.get("slowdown_s", burst.charged_s))
         length = float(result.get("length_s", now - burst.start))
         # Settle the reservation against what was measured (a refund if it was less).
@@ -649,7 +659,7 @@ class Agent:
         return names
 
     def _report(self, sock: zmq.Socket[Any]) -> None:
-        t0 = time.perf_counter()
+        t0 = _cost_clock()
         now = self.clock()
         self.tables.flag_leaves({stack[0] for _, stack in self.counts if stack})
         strings, locs = self.tables.unsent()
@@ -695,7 +705,7 @@ class Agent:
         else:
             # Keep the counts: they go out with the next report that gets through.
             self.dropped["reports"] += 1
-        spent = time.perf_counter() - t0
+        spent = _cost_clock() - t0
         self.max_op_s = max(self.max_op_s, spent)
         self._window_costs["report"] += spent
         self._accounted_s += spent
@@ -785,7 +795,8 @@ class Agent:
                 timings = body.get("plan")
                 if isinstance(timings, dict):
                     self._monitor_plan = timings
-                    self._monitor_plan_until = self.clock() + MONITOR_PLAN_TTL_S
+                    ttl = max(MONITOR_PLAN_TTL_S, MONITOR_PLAN_TTL_REPORTS * self.report_delay_s)
+                    self._monitor_plan_until = self.clock() + ttl
                     self._replan()
             elif msg_type == protocol.DETAIL:
                 name = body.get("proflet")

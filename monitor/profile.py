@@ -78,6 +78,8 @@ class Profile:
             "cpus": hello.get("cpus"),
             "budget": session.budget(),
             "overhead": session.overhead(),
+            # seconds spent per category over the run: sample, wake, report, detail
+            "costs": dict(session.costs),
             "duration_s": session.duration_s() if window_s is None else window_s,
             "samples": samples,
             "window_s": window_s,
