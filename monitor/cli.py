@@ -12,7 +12,19 @@ from typing import NoReturn
 
 from monitor.commands import CliError
 
-COMMANDS = ("run", "attach", "detach", "monitor", "top", "ps", "budget", "demo", "consolidate")
+COMMANDS = (
+    "run",
+    "attach",
+    "detach",
+    "monitor",
+    "top",
+    "ps",
+    "budget",
+    "demo",
+    "consolidate",
+    "bottlenecks",
+    "diagnose",
+)
 
 
 class _Parser(argparse.ArgumentParser):

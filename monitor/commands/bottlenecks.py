@@ -1,0 +1,166 @@
+"""Search a profile for bottlenecks by hand, with suggesters, zooming, labels and overlap (BOTTLENECKS).
+
+    dyper bottlenecks SOURCE [--compare BASE] [--metric cpu|wall] [--window S]
+    dyper bottlenecks SOURCE -c 'suggest; select 0; label hot' [--json]
+
+A SOURCE (and BASE) is a saved dyper profile (.json), a collapsed-stack file
+(dyper's, py-spy's or Austin's `a;b;c 42` lines, root first), or (a number that
+is not a file) the id of a process a standing monitor knows: its whole run, or
+the last --window seconds. With --compare the search runs on SOURCE minus BASE:
+what costs more in SOURCE than in BASE.
+
+Without -c, an interactive prompt (type help); with -c the commands, separated
+by `;`, run in order and the command exits (1 if one of them failed). With
+--json each command's result is one JSON object in a list printed at the end;
+the keys are documented in monitor/search/repl.py. Names are functions,
+`qualname (file)`; with --lines, lines, `qualname (file:line)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from rich.console import Console
+
+from agent import DEFAULT_MONITOR
+from monitor.commands import CliError, duration_arg
+from monitor.profile import Profile
+from monitor.search.calltree import CallTreeProfile
+from monitor.search.comparative import ComparativeProfile
+from monitor.search.interface import ProfileInterface
+from monitor.search.repl import Result, SearchSession, prompt_loop, render
+
+NAME = "bottlenecks"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", metavar="SOURCE", help="a profile file (.json, collapsed) or a PID")
+    parser.add_argument("--compare", metavar="BASE", help="search SOURCE minus BASE (a file or a PID)")
+    parser.add_argument("-c", "--commands", metavar="CMDS", help="run these commands (separated by ;) and exit")
+    parser.add_argument("--json", action="store_true", help="print the commands' results as one JSON list")
+    parser.add_argument(
+        "--metric",
+        choices=("cpu", "wall"),
+        default="cpu",
+        help="for dyper profiles and PIDs: cpu leaves out blocked samples (default), wall keeps them; "
+        "collapsed files carry one count",
+    )
+    parser.add_argument("--lines", action="store_true", help="one name per line instead of per function")
+    parser.add_argument("--libraries", action="store_true", help="charge library time to the calling app line")
+    parser.add_argument("--window", type=duration_arg, help="with a PID: the last N seconds (default whole run)")
+    parser.add_argument(
+        "--monitor",
+        metavar="ENDPOINT",
+        default=DEFAULT_MONITOR,
+        help=f"the standing monitor, for PIDs (default {DEFAULT_MONITOR})",
+    )
+
+
+@dataclass
+class Source:
+    """A profile as read: dyper's own (with wall and cpu counts) or a collapsed file's call tree."""
+
+    label: str
+    kind: Literal["pid", "profile", "collapsed"]
+    profile: Profile | None = None
+    collapsed: CallTreeProfile | None = None
+
+    def call_tree(
+        self, metric: Literal["cpu", "wall"], *, lines: bool = False, libraries: bool = False
+    ) -> CallTreeProfile:
+        if self.collapsed is not None:
+            return self.collapsed
+        assert self.profile is not None
+        return CallTreeProfile.from_profile(
+            self.profile, metric, frame_key="frame" if lines else "function", charge_libraries=libraries
+        )
+
+
+def read_source(text: str, *, monitor: str, window: float | None = None, lines: bool = False) -> Source:
+    """A file (dyper JSON or collapsed, told apart by content) or a PID asked of the standing monitor.
+
+    Raises :class:`CliError` with a one-line message.
+    """
+    if os.path.exists(text):
+        try:
+            with open(text, encoding="utf-8") as f:
+                content = f.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CliError(f"cannot read {text}: {getattr(exc, 'strerror', None) or exc}") from None
+        if text.endswith(".json") or content.lstrip().startswith("{"):
+            try:
+                data = json.loads(content)
+            except ValueError as exc:
+                raise CliError(f"{text} is not JSON: {exc}") from None
+            try:
+                return Source(text, "profile", profile=Profile.from_json(data, text))
+            except ValueError as exc:
+                raise CliError(str(exc)) from None
+        tree = CallTreeProfile.from_collapsed(content, frame_key="frame" if lines else "function")
+        stats = tree.collapsed_stats
+        if stats is not None and stats.malformed:
+            print(
+                f"dyper: {text}: skipped {stats.malformed} malformed line(s), e.g. {stats.malformed_examples[0]!r}",
+                file=sys.stderr,
+            )
+        if tree.total() == 0:
+            raise CliError(f"{text} has no samples (expected collapsed stacks: `a;b;c 42` lines)")
+        return Source(text, "collapsed", collapsed=tree)
+    if text.isdigit() and int(text) > 0:
+        from monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
+
+        call_args: dict[str, Any] = {"pid": int(text)}
+        if window:
+            call_args["window_s"] = window
+        try:
+            with MonitorClient(monitor, timeout=10.0) as client:
+                data = client.call("profile", **call_args)
+        except (MonitorUnreachable, MonitorRefused) as exc:
+            raise CliError(str(exc)) from None
+        try:
+            return Source(f"pid {text}", "pid", profile=Profile.from_json(data, f"pid {text}"))
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+    raise CliError(f"no such file: {text}")
+
+
+def run(args: argparse.Namespace) -> int:
+    pids = [s for s in (args.source, args.compare) if s is not None and not os.path.exists(s)]
+    if args.window and not pids:
+        raise CliError("--window applies to a PID source")
+    source = read_source(args.source, monitor=args.monitor, window=args.window, lines=args.lines)
+    tree = source.call_tree(args.metric, lines=args.lines, libraries=args.libraries)
+    profile: ProfileInterface[Any] = tree
+    described: dict[str, Any] = {"source": source.label, "metric": args.metric, "lines": args.lines}
+    if args.compare is not None:
+        base = read_source(args.compare, monitor=args.monitor, window=args.window, lines=args.lines)
+        profile = ComparativeProfile(tree, base.call_tree(args.metric, lines=args.lines, libraries=args.libraries))
+        described["compare"] = base.label
+    elif tree.total() == 0:
+        raise CliError(f"{source.label} has no {args.metric} samples")
+    session: SearchSession[Any] = SearchSession(profile, described)
+    console = Console()
+    results: list[Result]
+    if args.commands is not None:
+        results = []
+        for line_result in session.run_script(args.commands):
+            results.append(line_result)
+            if not args.json and not (line_result["ok"] and line_result["kind"] == "quit"):
+                console.print(render(line_result))
+    elif not sys.stdin.isatty():
+        results = session.run_script(sys.stdin.read())
+        if not args.json:
+            for r in results:
+                console.print(render(r))
+    else:
+        what = f"{source.label} minus {described['compare']}" if "compare" in described else source.label
+        console.print(f"[bold]dyper bottlenecks[/]: {what}, total {profile.total():,} samples; type help")
+        results = prompt_loop(session, console, emit=(lambda r: None) if args.json else None)
+    if args.json:
+        print(json.dumps(results))
+    return 0 if all(r["ok"] for r in results) else 1

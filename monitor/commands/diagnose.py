@@ -1,0 +1,170 @@
+"""Find bottlenecks automatically: hypotheses tested against a threshold, refined down the call graph.
+
+    dyper diagnose SOURCE [--threshold 5%] [--json] [--window S] [--monitor ENDPOINT]
+
+In the line of Paradyn's Performance Consultant: CPU-bound, blocked on I/O,
+waiting on synchronisation and GC-bound are each tested on the whole program
+(as a share of the busy samples: every thread's samples, less those asleep in
+sleep()); a hypothesis that reaches the threshold is refined from the entry
+points down the call graph while a callee still reaches it. Functions costly
+in total but spread thin over many callers, which such a search misses, are
+looked for bottom-up. The answer is a ranked list of bottlenecks, with the
+search history: which hypotheses were tested where, passed or failed.
+
+A SOURCE is a saved dyper profile (.json), a collapsed-stack file (its counts
+do not tell running from waiting: only where the samples are is tested), or
+(a number that is not a file) the id of a process a standing monitor knows.
+I/O is told from synchronisation by the call on the blocked line, read from
+the source files when they are at hand, else by the frames' names.
+
+--json prints {"bottlenecks": [{"path", "hypothesis", "share_pct", "kind",
+"evidence"}], "history": [{"step", "hypothesis", "path", "share_pct",
+"verdict", "parent", "note"}], "threshold_pct", "total_samples", "shares_pct",
+"notes"}; paths are frames, outermost first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import linecache
+import os
+from collections import defaultdict
+from typing import Any
+
+from rich import box
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+from rich.tree import Tree
+
+from agent import DEFAULT_MONITOR
+from monitor.commands import CliError, duration_arg
+from monitor.commands.bottlenecks import read_source
+from monitor.consolidate import parse_threshold
+from monitor.search.diagnose import DESCRIPTIONS, Diagnosis, diagnose, diagnose_tree
+from monitor.search.repl import short_name
+
+NAME = "diagnose"
+
+#: Failed callees shown under each step in the terminal; --json has them all.
+SHOWN_FAILED = 3
+
+
+def _threshold_arg(text: str) -> float:
+    try:
+        return parse_threshold(text) / 100.0
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", metavar="SOURCE", help="a profile file (.json, collapsed) or a PID")
+    parser.add_argument(
+        "--threshold",
+        type=_threshold_arg,
+        default=0.05,
+        help="share of the busy samples that makes a bottleneck, e.g. 5%% (default 5%%, the paper's)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the bottlenecks and the search history as JSON")
+    parser.add_argument("--libraries", action="store_true", help="charge library time to the calling app line")
+    parser.add_argument("--window", type=duration_arg, help="with a PID: the last N seconds (default whole run)")
+    parser.add_argument(
+        "--monitor",
+        metavar="ENDPOINT",
+        default=DEFAULT_MONITOR,
+        help=f"the standing monitor, for PIDs (default {DEFAULT_MONITOR})",
+    )
+
+
+def _source_line(file: str, line: int) -> str:
+    return linecache.getline(file, line)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.window and os.path.exists(args.source):
+        raise CliError("--window applies to a PID source")
+    source = read_source(args.source, monitor=args.monitor, window=args.window)
+    if source.profile is not None:
+        result = diagnose(source.profile, args.threshold, line_text=_source_line, charge_libraries=args.libraries)
+    else:
+        assert source.collapsed is not None
+        result = diagnose_tree(source.collapsed, args.threshold)
+    if source.kind == "pid":
+        result.notes.append(
+            "from sampled stacks only: asking the agent for detailing (call counts) needs a ctl operation "
+            "for AgentSchedule.ask, which the monitor does not have yet"
+        )
+    if args.json:
+        print(json.dumps(result.to_json()))
+    else:
+        Console().print(render(result, source.label))
+    return 0
+
+
+def _path(path: list[str] | tuple[str, ...]) -> str:
+    return " > ".join(short_name(p) for p in path) if path else "whole program"
+
+
+def render(result: Diagnosis, label: str) -> RenderableType:
+    data = result.to_json()
+    head = Text.from_markup(
+        f"[bold]dyper diagnose[/]: {label}, {data['total_samples']:,} busy samples, "
+        f"threshold [bold]{data['threshold_pct']:g}%[/]"
+    )
+    parts: list[RenderableType] = [head]
+    if data["bottlenecks"]:
+        table = Table(title="bottlenecks, ranked", box=box.SIMPLE_HEAD, show_edge=False, header_style="bold")
+        for col in ("#", "share", "hypothesis", "kind", "path (outermost first)", "evidence"):
+            table.add_column(col, justify="right" if col in ("#", "share") else "left", overflow="fold")
+        for i, b in enumerate(data["bottlenecks"], 1):
+            table.add_row(
+                str(i),
+                f"{b['share_pct']:.1f}%",
+                DESCRIPTIONS.get(b["hypothesis"], b["hypothesis"]),
+                b["kind"],
+                Text(_path(b["path"]), style="bold" if i == 1 else ""),
+                Text(b["evidence"], style="dim"),
+            )
+        parts.append(table)
+    else:
+        parts.append(Text("no bottleneck reaches the threshold", style="bold green"))
+    parts.append(_history_tree(data["history"]))
+    parts.extend(Text(f"note: {n}", style="dim") for n in data["notes"])
+    return Group(*parts)
+
+
+_VERDICT_STYLE = {"passed": "bold red", "failed": "green", "untestable": "yellow", "ignored": "dim"}
+
+
+def _history_tree(history: list[dict[str, Any]]) -> Tree:
+    """The search history as the Performance Consultant draws it: hypotheses, then foci refining them."""
+    root = Tree(Text("search history", style="bold"))
+    children: dict[int | None, list[dict[str, Any]]] = defaultdict(list)
+    for step in history:
+        children[step["parent"]].append(step)
+
+    def label(step: dict[str, Any]) -> Text:
+        share = "" if step["share_pct"] is None else f" {step['share_pct']:.1f}%"
+        text = Text(f"[{step['step']}] ")
+        name = DESCRIPTIONS.get(step["hypothesis"], step["hypothesis"])
+        text.append(name if not step["path"] else _path(step["path"][-1:]), style="bold" if not step["path"] else "")
+        text.append(share)
+        text.append(f" {step['verdict']}", style=_VERDICT_STYLE.get(step["verdict"], ""))
+        if step["note"]:
+            text.append(f"  {step['note']}", style="dim")
+        return text
+
+    def add(node: Tree, parent: int | None) -> None:
+        steps = children.get(parent, [])
+        failed = [s for s in steps if s["verdict"] == "failed" and s["parent"] is not None]
+        shown_failed = {s["step"] for s in failed[:SHOWN_FAILED]}
+        for s in steps:
+            if s["verdict"] == "failed" and s["parent"] is not None and s["step"] not in shown_failed:
+                continue
+            add(node.add(label(s)), s["step"])
+        if len(failed) > SHOWN_FAILED:
+            node.add(Text(f"... {len(failed) - SHOWN_FAILED} more below the threshold", style="dim"))
+
+    add(root, None)
+    return root

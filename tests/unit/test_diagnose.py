@@ -1,0 +1,246 @@
+"""Automated diagnosis (seed 002's Performance Consultant) on hand-built dyper profiles with planted bottlenecks."""
+
+from __future__ import annotations
+
+import pytest
+
+from monitor.profile import Profile, StackCount
+from monitor.search.calltree import CallTreeProfile
+from monitor.search.diagnose import Diagnosis, Step, classify_wait, diagnose, diagnose_tree
+from monitor.session import Frame
+
+APP = "/srv/app.py"
+THREADING = "/usr/lib/python3.11/threading.py"
+SOCKET = "/usr/lib/python3.11/socket.py"
+
+
+class Builder:
+    """Frames by (name, file), stacks by names: a dyper Profile written by hand."""
+
+    def __init__(self) -> None:
+        self.frames: list[Frame] = []
+        self.index: dict[tuple[str, str, int], int] = {}
+        self.stacks: list[StackCount] = []
+
+    def frame(self, name: str, file: str = APP, line: int = 1) -> int:
+        key = (name, file, line)
+        if key not in self.index:
+            self.index[key] = len(self.frames)
+            self.frames.append(Frame(file, name, 1, line))
+        return self.index[key]
+
+    def add(self, thread: int, stack: list[str | tuple[str, str] | tuple[str, str, int]], wall: int, cpu: int) -> None:
+        ids = []
+        for f in stack:
+            if isinstance(f, str):
+                ids.append(self.frame(f))
+            else:
+                ids.append(self.frame(*f))
+        self.stacks.append(StackCount(thread, tuple(ids), wall, cpu))
+
+    def profile(self) -> Profile:
+        return Profile(self.frames, self.stacks)
+
+
+def label(name: str, file: str = APP) -> str:
+    return f"{name} ({file})"
+
+
+def step_at(d: Diagnosis, hypothesis: str, path: tuple[str, ...]) -> Step:
+    found = [s for s in d.history if s.hypothesis == hypothesis and s.path == path]
+    assert len(found) == 1, (hypothesis, path, found)
+    return found[0]
+
+
+def test_planted_cpu_hot_spot_under_one_entry_point_ranks_first() -> None:
+    b = Builder()
+    # main: 4 samples itself, 30 functions at 3 each, and hot() at 6: 100 cpu samples.
+    b.add(1, ["main"], 4, 4)
+    for i in range(30):
+        b.add(1, ["main", f"f{i:02d}"], 3, 3)
+    b.add(1, ["main", "hot"], 6, 6)
+    # A thread asleep all along (not a bottleneck) and a short lock wait (under the threshold).
+    b.add(2, ["Thread.run", ("sleeper", APP, 9)], 500, 0)
+    b.add(3, ["Thread.run", ("Condition.wait", THREADING)], 3, 0)
+    d = diagnose(b.profile(), line_text=lambda f, n: "time.sleep(1)" if n == 9 else "")
+
+    assert d.total == 103  # busy: 100 cpu + 3 waiting; the 500 asleep are left out
+    first = d.bottlenecks[0]
+    assert first.hypothesis == "cpu" and first.kind == "self"
+    assert first.path == (label("main"), label("hot"))
+    assert first.share == pytest.approx(6 / 103)
+    assert first.to_json()["share_pct"] == pytest.approx(100 * 6 / 103, abs=1e-3)
+    # Nothing else is a place to fix: the f's are each under 5%, main's own 4% too.
+    assert [b.kind for b in d.bottlenecks[1:]] == ["diffuse"]
+    assert d.bottlenecks[1].path == (label("main"),)
+    assert d.bottlenecks[1].share == pytest.approx(90 / 103)
+
+    # The history: cpu passed on the whole program, at main, at hot; an f failed; sync failed; sleep ignored.
+    assert step_at(d, "cpu", ()).verdict == "passed"
+    main = step_at(d, "cpu", (label("main"),))
+    assert main.verdict == "passed" and main.share == pytest.approx(100 / 103)
+    hot = step_at(d, "cpu", (label("main"), label("hot")))
+    assert hot.verdict == "passed" and hot.parent == main.step
+    f00 = step_at(d, "cpu", (label("main"), label("f00")))
+    assert f00.verdict == "failed" and f00.share == pytest.approx(3 / 103)
+    assert step_at(d, "sync", ()).verdict == "failed"
+    assert step_at(d, "sync", ()).share == pytest.approx(3 / 103)
+    assert step_at(d, "sleep", ()).verdict == "ignored"
+    assert step_at(d, "gc", ()).verdict == "untestable"
+    assert d.shares["cpu"] == pytest.approx(100 / 103)
+
+
+def test_a_lock_wait_ranks_as_sync() -> None:
+    b = Builder()
+    # The worker waits in Queue.get -> Condition.wait 60 samples; the main thread computes 40.
+    b.add(1, ["<module>", "main", "compute"], 40, 40)
+    queue_get = ("Queue.get", "/usr/lib/python3.11/queue.py")
+    b.add(2, ["Thread._bootstrap", "worker", queue_get, ("Condition.wait", THREADING)], 60, 0)
+    d = diagnose(b.profile())
+    first = d.bottlenecks[0]
+    assert first.hypothesis == "sync"
+    assert first.path[-1] == label("Condition.wait", THREADING)
+    assert first.path[0] == label("Thread._bootstrap")
+    assert first.share == pytest.approx(0.6)
+    assert d.bottlenecks[1].hypothesis == "cpu" and d.bottlenecks[1].path[-1] == label("compute")
+    assert step_at(d, "io", ()).verdict == "failed" and step_at(d, "io", ()).share == 0
+
+
+def test_a_lock_acquired_in_application_code_is_told_by_its_source_line() -> None:
+    b = Builder()
+    b.add(1, ["main", ("consumer", APP, 12)], 50, 0)
+    b.add(1, ["main", ("consumer", APP, 14)], 50, 50)
+    lines = {12: "        lock.acquire()\n", 14: "        total += step(x)\n"}
+    d = diagnose(b.profile(), line_text=lambda f, n: lines.get(n, ""))
+    assert [(x.hypothesis, x.path[-1], round(x.share, 2)) for x in d.bottlenecks] == [
+        ("cpu", label("consumer"), 0.5),
+        ("sync", label("consumer"), 0.5),
+    ]
+    # Without the source there is nothing to go by: blocked, but on what is not known.
+    blind = diagnose(b.profile())
+    assert {x.hypothesis for x in blind.bottlenecks} == {"cpu", "wait"}
+
+
+def test_a_socket_read_is_io() -> None:
+    b = Builder()
+    b.add(1, ["main", "fetch", ("SocketIO.readinto", SOCKET)], 70, 0)
+    b.add(1, ["main", "parse"], 30, 30)
+    d = diagnose(b.profile())
+    first = d.bottlenecks[0]
+    assert (first.hypothesis, first.kind) == ("io", "self")
+    assert first.path == (label("main"), label("fetch"), label("SocketIO.readinto", SOCKET))
+    assert first.share == pytest.approx(0.7)
+    assert step_at(d, "io", ()).verdict == "passed"
+    assert step_at(d, "sync", ()).verdict == "failed"
+
+
+def test_the_spread_out_function_under_ten_parents_is_still_found() -> None:
+    b = Builder()
+    # common() costs 40% in all, 4% under each of 10 parents; each parent is 4.5% inclusive.
+    for i in range(10):
+        b.add(1, ["main", f"p{i}"], 5, 5)
+        b.add(1, ["main", f"p{i}", "common"], 40, 40)
+    for k in range(11):
+        b.add(1, ["main", f"other{k}"], 40, 40)
+    b.add(1, ["main"], 110, 110)
+    d = diagnose(b.profile())
+    assert d.total == 1000
+    # Top-down, no parent passes: refinement stops at main.
+    for i in range(10):
+        assert step_at(d, "cpu", (label("main"), label(f"p{i}"))).verdict == "failed"
+    # ... so the only test of common is the bottom-up one.
+    assert [s.path for s in d.history if s.path and s.path[-1] == label("common")] == [(label("common"),)]
+    # Bottom-up finds common, and it ranks first.
+    first = d.bottlenecks[0]
+    assert (first.hypothesis, first.kind, first.path) == ("cpu", "spread", (label("common"),))
+    assert first.share == pytest.approx(0.4)
+    assert "10 caller(s)" in first.evidence
+    bottom_up = step_at(d, "cpu", (label("common"),))
+    assert bottom_up.verdict == "passed" and bottom_up.parent == step_at(d, "cpu", ()).step
+    # main's own 11% is a place too; the 89% spread over its callees comes last.
+    assert [(x.kind, x.path, round(x.share, 3)) for x in d.bottlenecks[1:]] == [
+        ("self", (label("main"),), 0.11),
+        ("diffuse", (label("main"),), 0.89),
+    ]
+
+
+def test_a_function_reached_top_down_is_not_reported_bottom_up_again() -> None:
+    b = Builder()
+    b.add(1, ["main", "a", "work"], 60, 60)
+    b.add(1, ["main", "b", "work"], 40, 40)
+    d = diagnose(b.profile())
+    assert [(x.kind, x.path[-1]) for x in d.bottlenecks] == [("self", label("work")), ("self", label("work"))]
+    bottom_up = step_at(d, "cpu", (label("work"),))
+    assert bottom_up.verdict == "failed" and bottom_up.share == 0
+
+
+def test_nothing_over_the_threshold() -> None:
+    b = Builder()
+    for i in range(40):
+        b.add(i, [f"t{i}"], 1, 1)
+    d = diagnose(b.profile())
+    assert d.bottlenecks == []
+    cpu = step_at(d, "cpu", ())
+    assert cpu.verdict == "passed"
+    assert all(s.verdict == "failed" for s in d.history if s.hypothesis == "cpu" and s.path)
+    # A higher threshold: the whole program still passes at 100%, a smaller one finds each thread.
+    assert len(diagnose(b.profile(), threshold=0.02).bottlenecks) == 40
+
+
+def test_gc_frames_make_gc_testable() -> None:
+    b = Builder()
+    b.add(1, ["main", "build", ("<GC>", "")], 30, 30)
+    b.add(1, ["main", "build"], 70, 70)
+    d = diagnose(b.profile())
+    gc = step_at(d, "gc", ())
+    assert gc.verdict == "passed" and gc.share == pytest.approx(0.3)
+    assert any(x.hypothesis == "gc" and x.path[-1] == label("<GC>", "") for x in d.bottlenecks)
+    assert step_at(diagnose(Builder().profile()), "gc", ()).verdict == "untestable"
+
+
+def test_empty_profile() -> None:
+    d = diagnose(Builder().profile())
+    assert d.total == 0 and d.bottlenecks == []
+    assert "the profile has no busy samples" in d.notes
+    with pytest.raises(ValueError):
+        diagnose(Builder().profile(), threshold=0)
+
+
+def test_collapsed_tree_tests_only_where_the_samples_are() -> None:
+    tree = CallTreeProfile.from_collapsed("a 1\na;b 2\na;b;c 5\na;b;c;d 30\na;b;c;e 52\na;c 10\n")
+    d = diagnose_tree(tree)
+    assert [(x.path, x.share) for x in d.bottlenecks][:2] == [(("a", "b", "c", "e"), 0.52), (("a", "b", "c", "d"), 0.3)]
+    assert {s.hypothesis for s in d.history if s.verdict == "untestable"} == {"cpu", "io", "sync", "wait", "gc"}
+    data = d.to_json()
+    assert set(data["bottlenecks"][0]) >= {"path", "hypothesis", "share_pct", "evidence"}
+    assert set(data["history"][0]) >= {"step", "hypothesis", "path", "share_pct", "verdict"}
+    assert data["bottlenecks"][0]["share_pct"] == 52.0
+
+
+@pytest.mark.parametrize(
+    ("frames", "line", "kind"),
+    [
+        ([("Condition.wait", THREADING)], "", "sync"),
+        ([("Thread.join", THREADING)], "", "sync"),
+        ([("Queue.get", "/usr/lib/python3.11/queue.py")], "", "sync"),
+        ([("Event.wait", THREADING)], "", "sync"),
+        ([("SocketIO.readinto", SOCKET)], "", "io"),
+        ([("SSLSocket.recv_into", "/usr/lib/python3.11/ssl.py")], "", "io"),
+        ([("EpollSelector.select", "/usr/lib/python3.11/selectors.py")], "", "io"),
+        ([("HTTPConnection.getresponse", "/usr/lib/python3.11/http/client.py")], "", "io"),
+        ([("urlopen", "/usr/lib/python3.11/urllib/request.py")], "", "io"),
+        ([("handler", APP)], "    time.sleep(0.5)", "sleep"),
+        ([("handler", APP)], "    data = conn.recv(4096)", "io"),
+        ([("handler", APP)], "    with x: lock.acquire()", "sync"),
+        ([("handler", APP)], "    t.join()", "sync"),
+        ([("handler", APP)], "", "wait"),
+        ([("read_config", APP), ("handler", APP)], "", "io"),  # a caller's name counts
+        ([("spawn_thread", APP)], "", "wait"),  # "thread" is no "read"
+        ([("Thread.run", THREADING), ("handler", APP)], "", "wait"),  # a caller's module does not count
+        ([("Condition.wait", THREADING)], "    waiter.acquire()", "sync"),
+        ([("SocketIO.readinto", SOCKET)], "    return self._sock.recv_into(b)", "io"),
+    ],
+)
+def test_classify_wait(frames: list[tuple[str, str]], line: str, kind: str) -> None:
+    stack = [Frame(file, name, 1, 5) for name, file in frames]
+    assert classify_wait(stack, lambda f, n: line) == kind
