@@ -288,7 +288,7 @@ class Monitor:
         if op == "sessions":
             return reply(self.sessions_info())
         pid = args.get("pid")
-        if op in ("profile", "top", "detach", "budget"):
+        if op in ("profile", "top", "detach", "budget", "detail"):
             if not isinstance(pid, int):
                 return reply(error=f"{op}: give a pid")
             session = self.session_for(pid)
@@ -302,6 +302,19 @@ class Monitor:
                 return reply(views.top_view(session, window, charge_libraries=bool(args.get("libraries"))))
             if op == "detach":
                 return reply({"detached": self.send_to_pid(pid, protocol.DETACH, {})})
+            if op == "detail":
+                # The bottleneck search asks for a burst where it needs one; the
+                # request joins the agent's detailing queue on its next report.
+                proflet = args.get("proflet", "cpu")
+                if not isinstance(proflet, str):
+                    return reply(error="detail: give a proflet name")
+                asked = 0
+                for state in session.agents.values():
+                    schedule = self.schedules.get(state.agent_id)
+                    if state.connected and schedule is not None and proflet in schedule.costs:
+                        schedule.ask(proflet)
+                        asked += 1
+                return reply({"asked": asked})
             budget = args.get("budget")
             if not isinstance(budget, int | float) or not 0 < budget <= 0.5:
                 return reply(error="budget: give a fraction between 0 and 0.5")

@@ -59,3 +59,21 @@ def test_bye_marks_session_disconnected_and_detach_targets_connected_agents():
     m.handle(ID, protocol.encode(protocol.BYE, {"agent": "h:1:x", "reason": "detach"}))
     assert not m.session_for(1).connected
     assert m.send_to_pid(1, protocol.DETACH, {}) == 0
+
+
+def test_the_search_asks_for_detailing_through_ctl_and_the_agent_gets_a_request():
+    m = Monitor("tcp://127.0.0.1:0")
+    m.handle(ID, protocol.encode(protocol.HELLO, HELLO))
+    cpu = {"ovhd_ms": 1.0, "slow": 1.0, "itvl_ms": 100.0, "prty": 0.5, "allows": []}
+    report = dict(make_report([(7, 3, [1, 0])]), proflets={"cpu": cpu})
+    m.handle(ID, protocol.encode(protocol.REPORT, report))
+    ask = {"id": 9, "op": "detail", "args": {"pid": 1, "proflet": "cpu"}}
+    (reply,) = decode_all(m.handle(b"cli", protocol.encode(protocol.CTL, ask)))
+    assert reply[1]["result"] == {"asked": 1}
+    # On the agent's next report the request leaves the queue as a detail message.
+    replies = decode_all(m.handle(ID, protocol.encode(protocol.REPORT, dict(report, seq=1, strings=[], locs=[]))))
+    assert (protocol.DETAIL, {"proflet": "cpu"}) in replies
+    # A proflet the agent does not run is not asked for.
+    ask = {"id": 10, "op": "detail", "args": {"pid": 1, "proflet": "heap"}}
+    (reply,) = decode_all(m.handle(b"cli", protocol.encode(protocol.CTL, ask)))
+    assert reply[1]["result"] == {"asked": 0}
