@@ -23,10 +23,10 @@ is not counted twice, and neither is a node shared by several summaries in
 from __future__ import annotations
 
 import re
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate, chain, compress, islice, repeat
+from itertools import accumulate, compress, islice, repeat
 from operator import ge, lt
 from typing import TYPE_CHECKING, Literal
 
@@ -689,70 +689,69 @@ class CallTreeProfile:
     def _nested_prefixes(self, summaries: Sequence[CallTreeSummary], interiors: list[set[NodeId]]) -> list[int]:
         """The totals of every prefix of ``summaries`` when final nodes nest.
 
-        For each node x of along(S), with indexes into ``summaries``:
-
-        - ``along``: the first summary x is along in;
-        - ``final``: the first summary x is final in (``never`` if none);
-        - ``cover``: the first summary with a final node strictly above x,
-          from which on x is in descendants(S).
-
-        x counts by its own cost from ``along`` until it is final or covered,
-        and, as a final node not below another, by its cum-cost from ``final``
-        until covered. Each of those intervals adds at its start and subtracts
-        at its end in ``delta``; the running sums of ``delta`` are the totals.
+        Prefixes only grow, so a node, once counted, stays counted: node x
+        counts from the first index t(x) at which it is along a summary or below
+        one's final node, and the totals are the running sums of ``delta``,
+        where ``delta[t(x)]`` adds up the cost of the nodes first counted there.
         Index ``never`` = ``len(summaries)`` stands for "never".
+
+        Subtrees are not listed. A final node g first final at index i is
+        *effective* when no final node above it is final at an index <= i: its
+        subtree starts to count at i, except for the subtrees of effective
+        final nodes below it, which start earlier and are taken out. One sweep
+        over the final nodes in preorder, with a stack of the effective ones
+        holding the current node, adds cum[g] at i and takes it away from the
+        index of the effective node above (which counted g's subtree until now).
+        Then an interior node x counts from the first index it is along, if
+        that is earlier than the index of the nearest effective final node
+        holding it: its cost moves to the earlier index.
         """
         never = len(summaries)
-        # Every (node, summary index) pair, in index order; a dict built from the
-        # reversed pairs leaves each node its earliest index.
-        finals = list(chain.from_iterable(s.finals for s in summaries))
-        final_index = list(chain.from_iterable(repeat(i, len(s.finals)) for i, s in enumerate(summaries)))
-        first_final = dict(zip(reversed(finals), reversed(final_index), strict=True))
-        along = list(chain.from_iterable(chain(nodes, s.finals) for nodes, s in zip(interiors, summaries, strict=True)))
-        along_index = list(
-            chain.from_iterable(
-                repeat(i, len(nodes) + len(s.finals))
-                for i, (nodes, s) in enumerate(zip(interiors, summaries, strict=True))
-            )
-        )
-        first_along = dict(zip(reversed(along), reversed(along_index), strict=True))
-        nodes = sorted(first_along)
-        # The nodes strictly below a final node g are nodes[low:high]; writing
-        # the summaries' indexes from the last to the first leaves each node the
-        # earliest index of a final node above it. Most final nodes have none of
-        # the nodes below them, which one lookup tells without a bisection.
-        position = dict(zip(nodes, range(1, len(nodes) + 1), strict=True))  # one past each node
-        padded = [*nodes, len(self._parent)]
-        cover = [never] * len(nodes)
-        end = self._end
-        backwards = list(reversed(finals))
-        lows = list(map(position.__getitem__, backwards))
-        ends = list(map(end.__getitem__, backwards))
-        holds_some = list(map(lt, map(padded.__getitem__, lows), ends))
-        for low, stop, i in zip(
-            compress(lows, holds_some),
-            compress(ends, holds_some),
-            compress(reversed(final_index), holds_some),
-            strict=True,
-        ):
-            high = bisect_left(nodes, stop, low)
-            cover[low:high] = [i] * (high - low)
-        cum, cost = self._cum, self._cost
+        end, cum, cost = self._end, self._cum, self._cost
+        # Node -> the first index it is final at (interior at): updating from the
+        # last summary to the first leaves each node its earliest index.
+        first_final: dict[NodeId, int] = {}
+        first_interior: dict[NodeId, int] = {}
+        for i in range(never - 1, -1, -1):
+            first_final.update(zip(summaries[i].finals, repeat(i)))
+            first_interior.update(zip(interiors[i], repeat(i)))
         delta = [0] * (never + 1)
-        along_index_of = map(first_along.__getitem__, nodes)
-        final_index_of = list(map(first_final.get, nodes, repeat(never)))
-        # Own cost, from the first summary x is along in until it is final or covered.
-        for first, stop, c in zip(
-            along_index_of, map(min, final_index_of, cover), map(cost.__getitem__, nodes), strict=True
-        ):
-            if first < stop:  # not when x was already covered by the time it is along
-                delta[first] += c
-                delta[stop] -= c
-        # Cum-cost of a final node not below another, from its summary until covered.
-        for final, covered, c in zip(final_index_of, cover, map(cum.__getitem__, nodes), strict=True):
-            if final < covered:
-                delta[final] += c
-                delta[covered] -= c
+        # The effective final nodes in preorder: node, subtree end, index, and the
+        # position (in these lists) of the nearest effective one above it (-1: none).
+        eff_nodes: list[NodeId] = []
+        eff_ends: list[NodeId] = []
+        eff_index: list[int] = []
+        eff_up: list[int] = []
+        stack: list[int] = []  # positions of the effective final nodes holding the current one
+        nodes = sorted(first_final)
+        for g, i, g_end in zip(nodes, map(first_final.__getitem__, nodes), map(end.__getitem__, nodes), strict=True):
+            while stack and eff_ends[stack[-1]] <= g:
+                stack.pop()
+            if stack:
+                up = stack[-1]
+                above = eff_index[up]
+                if i >= above:
+                    continue  # already counted, from the index of the final node above
+                delta[above] -= cum[g]
+            else:
+                up = -1
+            delta[i] += cum[g]
+            stack.append(len(eff_nodes))
+            eff_nodes.append(g)
+            eff_ends.append(g_end)
+            eff_index.append(i)
+            eff_up.append(up)
+        # Interior nodes: the last effective final node at or before x in preorder
+        # holds x, or one above it does (or none: x is counted from its own index only).
+        for x, a in first_interior.items():
+            j = bisect_right(eff_nodes, x) - 1
+            while j >= 0 and eff_ends[j] <= x:
+                j = eff_up[j]
+            held = eff_index[j] if j >= 0 else never
+            if a < held:
+                c = cost[x]
+                delta[a] += c
+                delta[held] -= c
         return list(accumulate(delta[:never]))
 
     def _nested(self, finals: Sequence[NodeId]) -> bool:

@@ -43,6 +43,7 @@ has a larger cum, so this runs down to the path of length 1 unless the cum falls
 from __future__ import annotations
 
 from collections.abc import Callable
+from itertools import accumulate
 from typing import Literal, TypeVar
 
 from monitor.search.interface import ProfileInterface
@@ -109,13 +110,38 @@ def _ranked(profile: ProfileInterface[S], summaries: list[S]) -> list[tuple[S, i
 
 
 def _concentrating_prefix(profile: ProfileInterface[S], ranked: list[tuple[S, int]], bound: float) -> list[S] | None:
-    """The shortest non-empty prefix whose |total_cum_of| reaches ``bound``, or None if none does."""
+    """The shortest non-empty prefix whose |total_cum_of| reaches ``bound``, or None if none does.
+
+    Overlap is the expensive part (a popular function has thousands of
+    extensions, some nested under each other), and the answer is usually a
+    short prefix: the extensions come by descending |cum|. So the prefix totals
+    are worked out for the first 2, 4, 8, ... summaries until one reaches the
+    bound, at most twice the work of the prefix that answers. In a monotone
+    profile a total never exceeds the sum of the cums it is made of, which
+    rules out the prefixes too short to reach the bound without any overlap
+    computed, and tells when no prefix can.
+    """
     if not ranked:
         return None
     summaries = [s for s, _ in ranked]
     if abs(ranked[0][1]) >= bound:
         return summaries[:1]  # the common case when zooming through: no overlap to work out
-    for n, total in enumerate(profile.total_cum_of_prefixes(summaries), 1):
-        if abs(total) >= bound:
-            return summaries[:n]
-    return None
+    start = 1  # prefixes of fewer summaries are known not to reach the bound
+    if profile.monotone:
+        for n, upper in enumerate(accumulate(cum for _, cum in ranked), 1):
+            if upper >= bound:
+                start = n
+                break
+        else:
+            return None
+    size = max(2, start)
+    while True:
+        batch = summaries[:size]
+        totals = profile.total_cum_of_prefixes(batch)
+        for n in range(start, len(batch) + 1):
+            if abs(totals[n - 1]) >= bound:
+                return summaries[:n]
+        if size >= len(summaries):
+            return None
+        start = len(batch) + 1
+        size *= 2

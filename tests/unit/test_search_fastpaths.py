@@ -1,0 +1,113 @@
+"""The fast paths of the search modules against slow references, on random trees.
+
+The references compute each quantity the plain way (one ``total_cum_of`` per
+prefix, one ``extend_*`` per name, the paper's pseudocode for zooming), which
+the property tests in ``test_search_properties`` already check against the
+definitions; here the trees are larger and the summary lists longer, so that
+final nodes nest many levels deep, as under a popular recursive function.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from monitor.search import CallTreeProfile, CallTreeSummary, ComparativeProfile, zoom
+from monitor.search.zoom import Direction
+
+NAMES = "abcdef"
+Stacks = list[tuple[list[str], int]]
+Paths = list[tuple[str, ...]]
+
+stacks_strategy = st.lists(
+    st.tuples(st.lists(st.sampled_from(NAMES), min_size=1, max_size=9), st.integers(min_value=0, max_value=30)),
+    min_size=1,
+    max_size=40,
+)
+paths_strategy = st.lists(st.lists(st.sampled_from(NAMES), min_size=1, max_size=3).map(tuple), min_size=1, max_size=8)
+
+SETTINGS = settings(max_examples=200, deadline=None)
+
+
+def summaries_of(p: CallTreeProfile, paths: list[tuple[str, ...]]) -> list[CallTreeSummary]:
+    found = (p.summary(path) for path in paths)
+    return [s for s in found if s is not None]
+
+
+def reference_zoom(
+    p: CallTreeProfile, s: CallTreeSummary, direction: Direction, cutoff: float = 0.95
+) -> list[CallTreeSummary]:
+    """zoom() as its docstring specifies it, with one total_cum_of per prefix."""
+    neighbours = p.top_extension_summaries if direction == "top" else p.bottom_extension_summaries
+
+    def ranked(x: CallTreeSummary) -> list[CallTreeSummary]:
+        return sorted(neighbours(x), key=lambda e: (-abs(p.cum_of(e)), e.path))
+
+    def prefix(listed: list[CallTreeSummary], bound: float) -> list[CallTreeSummary] | None:
+        for n in range(1, len(listed) + 1):
+            if abs(p.total_cum_of(listed[:n])) >= bound:
+                return listed[:n]
+        return None
+
+    bound = cutoff * abs(p.cum_of(s))
+    listed = ranked(s)
+    if bound == 0:
+        return listed
+    chosen = prefix(listed, bound)
+    if chosen is None:
+        return listed
+    while len(chosen) == 1:
+        current = chosen[0]
+        chosen = prefix(ranked(current), bound)
+        if chosen is None:
+            return [current]
+    return chosen
+
+
+@SETTINGS
+@given(stacks_strategy, paths_strategy)
+def test_prefix_totals_match_one_total_per_prefix(stacks: Stacks, paths: Paths) -> None:
+    p = CallTreeProfile.from_stacks(stacks)
+    for summaries in [summaries_of(p, paths), *(p.top_extension_summaries(s) for s in summaries_of(p, paths))]:
+        expected = [p.total_cum_of(summaries[:n]) for n in range(1, len(summaries) + 1)]
+        assert p.total_cum_of_prefixes(summaries) == expected
+        assert p.total_cum_of(summaries) == (expected[-1] if expected else 0)
+
+
+@SETTINGS
+@given(stacks_strategy, paths_strategy)
+def test_extension_summaries_match_one_extension_per_name(stacks: Stacks, paths: Paths) -> None:
+    p = CallTreeProfile.from_stacks(stacks)
+    for s in summaries_of(p, paths) + p.initial_summaries():
+        tops = p.top_extension_summaries(s)
+        assert [t.path for t in tops] == [(m, *s.path) for m in p.top_extensions(s)]
+        for t in tops:
+            e = p.extend_top(s, t.path[0])
+            assert (t.finals, t.roots) == (e.finals, e.roots)
+            assert p.cum_of(t) == p.total_cum_of([t, t]) and p.base_of(t) == p.total_base_of([t])
+        bottoms = p.bottom_extension_summaries(s)
+        assert [b.path for b in bottoms] == [(*s.path, m) for m in p.bottom_extensions(s)]
+        for b in bottoms:
+            e = p.extend_bottom(s, b.path[-1])
+            assert (b.finals, b.roots) == (e.finals, e.roots)
+            assert p.cum_of(b) == p.total_cum_of([b, b]) and p.base_of(b) == p.total_base_of([b])
+
+
+@SETTINGS
+@given(stacks_strategy, paths_strategy, st.sampled_from(["top", "bottom"]), st.sampled_from([0.5, 0.8, 0.95]))
+def test_zoom_matches_the_reference(stacks: Stacks, paths: Paths, direction: Direction, cutoff: float) -> None:
+    p = CallTreeProfile.from_stacks(stacks)
+    for s in summaries_of(p, paths):
+        assert [z.path for z in zoom(p, s, direction, cutoff)] == [
+            z.path for z in reference_zoom(p, s, direction, cutoff)
+        ]
+
+
+@SETTINGS
+@given(stacks_strategy, stacks_strategy, paths_strategy)
+def test_comparative_prefix_totals_match_one_total_per_prefix(a: Stacks, b: Stacks, paths: Paths) -> None:
+    cp = ComparativeProfile(CallTreeProfile.from_stacks(a), CallTreeProfile.from_stacks(b))
+    found = [s for s in (cp.summary(path) for path in paths) if s is not None]
+    for summaries in [found, *(cp.top_extension_summaries(s) for s in found)]:
+        expected = [cp.total_cum_of(summaries[:n]) for n in range(1, len(summaries) + 1)]
+        assert cp.total_cum_of_prefixes(summaries) == expected
