@@ -76,6 +76,8 @@ class CollapsedStats:
 
 _MAX_MALFORMED_EXAMPLES = 10
 _MAX_EXAMPLE_LENGTH = 200
+#: how many cums the cum cache holds before it starts over (a few MB)
+_CUM_CACHE_SIZE = 100_000
 # "qualname (file.py:12)" (dyper, py-spy): the line number inside the parentheses.
 _PAREN_LINE = re.compile(r" \((?P<file>[^(]*):\d+\)$")
 # "file.py:function:12" (Austin): a trailing line number.
@@ -268,6 +270,10 @@ class CallTreeProfile:
         # Sorted by construction (preorder), which the cum sweep needs.
         self._by_name: list[tuple[NodeId, ...]] = [tuple(nodes) for nodes in by_name]
         self._total = sum(self._cum[i] for i in self._tree_roots())
+        # Path -> cum. A search asks for the same cums again and again (a selection
+        # is zoomed, listed, then overlapped with the labels), and listing the
+        # extensions of a summary works out theirs in bulk.
+        self._cums: dict[tuple[str, ...], int] = {}
         #: set by :meth:`from_collapsed`
         self.collapsed_stats: CollapsedStats | None = None
 
@@ -600,25 +606,60 @@ class CallTreeProfile:
             )
         return sum(map(cost.__getitem__, self._along([summary])))
 
+    def clear_caches(self) -> None:
+        """Forget the cums worked out so far (what a benchmark of cold calls needs)."""
+        self._cums.clear()
+
+    @staticmethod
+    def _remember(cache: dict[tuple[str, ...], int], path: tuple[str, ...], value: int) -> int:
+        if len(cache) >= _CUM_CACHE_SIZE:
+            cache.clear()  # start over rather than track recency: a search moves on
+        cache[path] = value
+        return value
+
     def cum_of(self, summary: CallTreeSummary) -> int:
         """The cost of along(s) and of every descendant of final(s), each node counted once."""
-        finals = summary.finals
-        if self._nested(finals):
-            return self._cum_of_sets(finals, self._interior(summary).difference(finals))
-        # No final node is below another, so no node of an occurrence is below
-        # another occurrence's final node: the subtrees of the finals and the
-        # interior nodes are all disjoint.
-        total = sum(map(self._cum.__getitem__, finals))
-        if len(summary.path) == 1:
-            return total
-        if len(set(summary.path)) == len(summary.path):
+        cached = self._cums.get(summary.path)
+        if cached is None:
+            cached = self._remember(self._cums, summary.path, self._cum_of(summary))
+        return cached
+
+    def _cum_of(self, summary: CallTreeSummary) -> int:
+        finals, path = summary.finals, summary.path
+        if len(finals) == 1:
+            # Most extensions of a summary occur once or twice: no passes to set up.
+            parent, final = self._parent, finals[0]
+            return self._cum[final] + self._chain_cost[parent[final]] - self._chain_cost[parent[summary.roots[0]]]
+        nested = self._nested(finals)
+        if len(set(path)) == len(path) or len(finals) == 1:
+            # Occurrences share no node (that would put a name at two places in the
+            # path), and one below another's final node lies wholly in its subtree.
+            # So the cum adds up, over the final nodes below no other one, the
+            # final node's cum and the cost of its chain up to the root.
+            cum = self._cum
+            if nested:
+                end = self._end
+                reach = [-1, *accumulate(map(end.__getitem__, finals), max)]
+                top_level = list(map(ge, finals, reach))
+                finals = tuple(compress(finals, top_level))
+                roots = tuple(compress(summary.roots, top_level))
+            else:
+                roots = summary.roots
+            total = sum(map(cum.__getitem__, finals))
+            if len(path) == 1:
+                return total
             chain_cost, parent = self._chain_cost, self._parent
             return (
                 total
                 + sum(map(chain_cost.__getitem__, map(parent.__getitem__, finals)))
-                - sum(map(chain_cost.__getitem__, map(parent.__getitem__, summary.roots)))
+                - sum(map(chain_cost.__getitem__, map(parent.__getitem__, roots)))
             )
-        return total + sum(map(self._cost.__getitem__, self._interior(summary)))
+        if nested:
+            return self._cum_of_sets(finals, self._interior(summary).difference(finals))
+        # No final node is below another, so no node of an occurrence is below
+        # another occurrence's final node: the subtrees of the final nodes and
+        # the interior nodes are all disjoint.
+        return sum(map(self._cum.__getitem__, finals)) + sum(map(self._cost.__getitem__, self._interior(summary)))
 
     def total_base_of(self, summaries: Iterable[CallTreeSummary]) -> int:
         """The cost of along(S), the union of along(s) over the summaries."""
