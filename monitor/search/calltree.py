@@ -27,7 +27,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, compress, islice, repeat
-from operator import ge, lt
+from operator import add, ge, lt, sub
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
@@ -78,6 +78,8 @@ _MAX_MALFORMED_EXAMPLES = 10
 _MAX_EXAMPLE_LENGTH = 200
 #: how many cums the cum cache holds before it starts over (a few MB)
 _CUM_CACHE_SIZE = 100_000
+#: and how many totals of lists of summaries
+_TOTAL_CACHE_SIZE = 1_000
 # "qualname (file.py:12)" (dyper, py-spy): the line number inside the parentheses.
 _PAREN_LINE = re.compile(r" \((?P<file>[^(]*):\d+\)$")
 # "file.py:function:12" (Austin): a trailing line number.
@@ -274,6 +276,8 @@ class CallTreeProfile:
         # is zoomed, listed, then overlapped with the labels), and listing the
         # extensions of a summary works out theirs in bulk.
         self._cums: dict[tuple[str, ...], int] = {}
+        # Set of paths -> total_cum_of.
+        self._total_cums: dict[frozenset[tuple[str, ...]], int] = {}
         #: set by :meth:`from_collapsed`
         self.collapsed_stats: CollapsedStats | None = None
 
@@ -609,6 +613,7 @@ class CallTreeProfile:
     def clear_caches(self) -> None:
         """Forget the cums worked out so far (what a benchmark of cold calls needs)."""
         self._cums.clear()
+        self._total_cums.clear()
 
     @staticmethod
     def _remember(cache: dict[tuple[str, ...], int], path: tuple[str, ...], value: int) -> int:
@@ -672,6 +677,18 @@ class CallTreeProfile:
             return 0
         if len(summaries) == 1:
             return self.cum_of(summaries[0])
+        # The same labels are overlapped with every summary the search selects.
+        key = frozenset(s.path for s in summaries)
+        total = self._total_cums.get(key)
+        if total is None:
+            total = self._total_cums[key] = self._total_cum_of(summaries)
+            if len(self._total_cums) > _TOTAL_CACHE_SIZE:
+                self._total_cums.clear()
+        return total
+
+    def _total_cum_of(self, summaries: list[CallTreeSummary]) -> int:
+        if _siblings_at_top(summaries):
+            return self._top_extension_prefixes(summaries)[-1]
         finals: set[NodeId] = set()
         interior: set[NodeId] = set()
         for s in summaries:
@@ -707,6 +724,8 @@ class CallTreeProfile:
         """
         if not summaries:
             return []
+        if _siblings_at_top(summaries):
+            return self._top_extension_prefixes(summaries)
         interiors = [self._interior(s) for s in summaries]
         all_finals: set[NodeId] = set()
         for s in summaries:
@@ -726,6 +745,69 @@ class CallTreeProfile:
             total += sum(map(cum.__getitem__, new_finals)) + sum(map(cost.__getitem__, new_interior))
             totals.append(total)
         return totals
+
+    def _top_extension_prefixes(self, summaries: Sequence[CallTreeSummary]) -> list[int]:
+        """The totals of every prefix of top extensions ``[m] + path`` of one path (see :func:`_siblings_at_top`).
+
+        What zooming asks for, so it gets a shortcut. The occurrences of the
+        extensions are distinct occurrences of ``path``, which repeats no name:
+        they share no node, and an occurrence below another's final node lies
+        wholly in that subtree (the caller ``m`` is on no other occurrence's
+        chain except as that final node itself, when ``m`` is the path's last
+        name). So a prefix's total adds up, over the occurrences below no final
+        node of the prefix, the occurrence's cum on its own: its final node's
+        cum plus its chain's cost. An occurrence of summary i counts from prefix
+        i until a final node above it joins, at the least index of those above
+        it; one sweep in preorder with a stack of the final nodes that count
+        finds that index, as in :meth:`_nested_prefixes`.
+        """
+        never = len(summaries)
+        cum, chain_cost, parent, end = self._cum, self._chain_cost, self._parent, self._end
+        nodes: list[NodeId] = []
+        index: list[int] = []
+        value: list[int] = []
+        for i, s in enumerate(summaries):
+            finals = s.finals
+            nodes += finals
+            index += repeat(i, len(finals))
+            # The occurrence's cum: its final node's, plus the chain from its root down to the final node's parent.
+            value += map(
+                sub,
+                map(
+                    add,
+                    map(cum.__getitem__, finals),
+                    map(chain_cost.__getitem__, map(parent.__getitem__, finals)),
+                ),
+                map(chain_cost.__getitem__, map(parent.__getitem__, s.roots)),
+            )
+        delta = [0] * (never + 1)
+        if not self._nested(sorted(nodes)):
+            for i, v in zip(index, value, strict=True):
+                delta[i] += v
+            return list(accumulate(delta[:never]))
+        order = sorted(range(len(nodes)), key=nodes.__getitem__)
+        nodes = list(map(nodes.__getitem__, order))
+        stack_ends: list[NodeId] = []  # subtree ends of the final nodes that count and hold the current one
+        stack_index: list[int] = []  # and their summaries' indexes, decreasing
+        for g, i, v, g_end in zip(
+            nodes,
+            map(index.__getitem__, order),
+            map(value.__getitem__, order),
+            map(end.__getitem__, nodes),
+            strict=True,
+        ):
+            while stack_ends and stack_ends[-1] <= g:
+                stack_ends.pop()
+                stack_index.pop()
+            if stack_index:
+                above = stack_index[-1]
+                if i >= above:
+                    continue  # counted from `above` on, as part of that final node's subtree
+                delta[above] -= v
+            delta[i] += v
+            stack_ends.append(g_end)
+            stack_index.append(i)
+        return list(accumulate(delta[:never]))
 
     def _nested_prefixes(self, summaries: Sequence[CallTreeSummary], interiors: list[set[NodeId]]) -> list[int]:
         """The totals of every prefix of ``summaries`` when final nodes nest.
@@ -830,6 +912,18 @@ class CallTreeProfile:
             nodes.update(s.finals)
             nodes |= self._interior(s)
         return nodes
+
+
+def _siblings_at_top(summaries: Sequence[CallTreeSummary]) -> bool:
+    """Whether the summaries are top extensions ``[m] + path`` of one path with no repeated name, with distinct
+    callers ``m``, none of them in ``path`` except possibly as its last name (``[f, f]`` extends ``[f]``)."""
+    path = summaries[0].path[1:]
+    if not path or len(set(path)) != len(path):
+        return False
+    callers = {s.path[0] for s in summaries}
+    return (
+        len(callers) == len(summaries) and all(s.path[1:] == path for s in summaries) and callers.isdisjoint(path[:-1])
+    )
 
 
 def _shared_frames(stack: str, previous: str, previous_ends: list[int]) -> int:

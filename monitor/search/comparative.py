@@ -43,6 +43,11 @@ class ComparativeProfile:
     def total(self) -> int:
         return self.a.total() - self.b.total()
 
+    def clear_caches(self) -> None:
+        """Forget what both sides have cached (what a benchmark of cold calls needs)."""
+        self.a.clear_caches()
+        self.b.clear_caches()
+
     # --- summaries -------------------------------------------------------------------
 
     def summary(self, path: Sequence[str]) -> ComparativeSummary | None:
