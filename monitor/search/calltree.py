@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate, compress, islice, repeat
 from operator import add, ge, lt, sub
@@ -78,8 +78,10 @@ _MAX_MALFORMED_EXAMPLES = 10
 _MAX_EXAMPLE_LENGTH = 200
 #: how many cums the cum cache holds before it starts over (a few MB)
 _CUM_CACHE_SIZE = 100_000
-#: and how many totals of lists of summaries
+#: and how many totals of lists of summaries, and prefix totals of lists
 _TOTAL_CACHE_SIZE = 1_000
+#: and how many extension listings (each a few thousand summaries at most)
+_EXTENSION_CACHE_SIZE = 16
 # "qualname (file.py:12)" (dyper, py-spy): the line number inside the parentheses.
 _PAREN_LINE = re.compile(r" \((?P<file>[^(]*):\d+\)$")
 # "file.py:function:12" (Austin): a trailing line number.
@@ -266,6 +268,9 @@ class CallTreeProfile:
         self._end = list(map(ids.__getitem__, tree.end))
         self._cum = tree.cum
         self._chain_cost = [*tree.chain_cost, 0]
+        # The cost of a node's strict ancestors, chain_cost[parent[n]]: the chain
+        # part of an occurrence's cost is one lookup at each end, not two.
+        self._above = list(map(self._chain_cost.__getitem__, self._parent))
         by_name: list[list[NodeId]] = [[] for _ in self.names]
         for i, nid in zip(ids, tree.name, strict=False):  # ids has one more: the virtual root
             by_name[nid].append(i)
@@ -278,6 +283,10 @@ class CallTreeProfile:
         self._cums: dict[tuple[str, ...], int] = {}
         # Set of paths -> total_cum_of.
         self._total_cums: dict[frozenset[tuple[str, ...]], int] = {}
+        # List of paths -> total_cum_of_prefixes (zooming again asks for the same).
+        self._prefix_totals: dict[tuple[tuple[str, ...], ...], list[int]] = {}
+        # ("top" or "bottom", path) -> the extension listing.
+        self._extensions: dict[tuple[str, tuple[str, ...]], list[CallTreeSummary]] = {}
         #: set by :meth:`from_collapsed`
         self.collapsed_stats: CollapsedStats | None = None
 
@@ -536,6 +545,32 @@ class CallTreeProfile:
 
     def top_extension_summaries(self, summary: CallTreeSummary) -> list[CallTreeSummary]:
         """Every top extension of ``summary`` as a summary, grouped in one pass over its roots."""
+        return self._extensions_cached("top", summary, self._top_extension_summaries)
+
+    def bottom_extension_summaries(self, summary: CallTreeSummary) -> list[CallTreeSummary]:
+        """Every bottom extension of ``summary`` as a summary, grouped in one pass over the children of its finals."""
+        return self._extensions_cached("bottom", summary, self._bottom_extension_summaries)
+
+    def _extensions_cached(
+        self,
+        end: Literal["top", "bottom"],
+        summary: CallTreeSummary,
+        compute: Callable[[CallTreeSummary], list[CallTreeSummary]],
+    ) -> list[CallTreeSummary]:
+        """The extension listing, from the cache if this path was listed lately (zooming back, re-selecting).
+
+        A copy is returned: callers may sort or trim the list they get.
+        """
+        key = (end, summary.path)
+        listed = self._extensions.get(key)
+        if listed is None:
+            listed = compute(summary)
+            if len(self._extensions) >= _EXTENSION_CACHE_SIZE:
+                self._extensions.clear()
+            self._extensions[key] = listed
+        return list(listed)
+
+    def _top_extension_summaries(self, summary: CallTreeSummary) -> list[CallTreeSummary]:
         parents = list(map(self._parent.__getitem__, summary.roots))
         groups: dict[int, list[int]] = {}  # parent's name -> indexes of the occurrences
         for i, nid in enumerate(map(self._name.__getitem__, parents)):
@@ -556,8 +591,7 @@ class CallTreeProfile:
         extended.sort(key=lambda s: s.path)
         return extended
 
-    def bottom_extension_summaries(self, summary: CallTreeSummary) -> list[CallTreeSummary]:
-        """Every bottom extension of ``summary`` as a summary, grouped in one pass over the children of its finals."""
+    def _bottom_extension_summaries(self, summary: CallTreeSummary) -> list[CallTreeSummary]:
         name, end = self._name, self._end
         groups: dict[int, tuple[list[NodeId], list[NodeId]]] = {}  # callee's name -> (its nodes, their roots)
         for f, r in zip(summary.finals, summary.roots, strict=True):
@@ -604,9 +638,8 @@ class CallTreeProfile:
             # Occurrences of a path without a repeated name never share a node
             # (two sharing one would put its name at two places in the path), so
             # each occurrence's cost is a difference of chain costs.
-            chain_cost, parent = self._chain_cost, self._parent
-            return sum(map(chain_cost.__getitem__, summary.finals)) - sum(
-                map(chain_cost.__getitem__, map(parent.__getitem__, summary.roots))
+            return sum(map(self._chain_cost.__getitem__, summary.finals)) - sum(
+                map(self._above.__getitem__, summary.roots)
             )
         return sum(map(cost.__getitem__, self._along([summary])))
 
@@ -614,6 +647,8 @@ class CallTreeProfile:
         """Forget the cums worked out so far (what a benchmark of cold calls needs)."""
         self._cums.clear()
         self._total_cums.clear()
+        self._prefix_totals.clear()
+        self._extensions.clear()
 
     @staticmethod
     def _remember(cache: dict[tuple[str, ...], int], path: tuple[str, ...], value: int) -> int:
@@ -633,10 +668,10 @@ class CallTreeProfile:
         finals, path = summary.finals, summary.path
         if len(finals) == 1:
             # Most extensions of a summary occur once or twice: no passes to set up.
-            parent, final = self._parent, finals[0]
-            return self._cum[final] + self._chain_cost[parent[final]] - self._chain_cost[parent[summary.roots[0]]]
+            final = finals[0]
+            return self._cum[final] + self._above[final] - self._above[summary.roots[0]]
         nested = self._nested(finals)
-        if len(set(path)) == len(path) or len(finals) == 1:
+        if len(set(path)) == len(path):
             # Occurrences share no node (that would put a name at two places in the
             # path), and one below another's final node lies wholly in its subtree.
             # So the cum adds up, over the final nodes below no other one, the
@@ -653,12 +688,8 @@ class CallTreeProfile:
             total = sum(map(cum.__getitem__, finals))
             if len(path) == 1:
                 return total
-            chain_cost, parent = self._chain_cost, self._parent
-            return (
-                total
-                + sum(map(chain_cost.__getitem__, map(parent.__getitem__, finals)))
-                - sum(map(chain_cost.__getitem__, map(parent.__getitem__, roots)))
-            )
+            above = self._above
+            return total + sum(map(above.__getitem__, finals)) - sum(map(above.__getitem__, roots))
         if nested:
             return self._cum_of_sets(finals, self._interior(summary).difference(finals))
         # No final node is below another, so no node of an occurrence is below
@@ -724,6 +755,16 @@ class CallTreeProfile:
         """
         if not summaries:
             return []
+        key = tuple(s.path for s in summaries)
+        totals = self._prefix_totals.get(key)
+        if totals is None:
+            totals = self._total_cum_of_prefixes(summaries)
+            if len(self._prefix_totals) >= _TOTAL_CACHE_SIZE:
+                self._prefix_totals.clear()
+            self._prefix_totals[key] = totals
+        return list(totals)
+
+    def _total_cum_of_prefixes(self, summaries: Sequence[CallTreeSummary]) -> list[int]:
         if _siblings_at_top(summaries):
             return self._top_extension_prefixes(summaries)
         interiors = [self._interior(s) for s in summaries]
@@ -762,7 +803,7 @@ class CallTreeProfile:
         finds that index, as in :meth:`_nested_prefixes`.
         """
         never = len(summaries)
-        cum, chain_cost, parent, end = self._cum, self._chain_cost, self._parent, self._end
+        cum, above, end = self._cum, self._above, self._end
         nodes: list[NodeId] = []
         index: list[int] = []
         value: list[int] = []
@@ -773,20 +814,17 @@ class CallTreeProfile:
             # The occurrence's cum: its final node's, plus the chain from its root down to the final node's parent.
             value += map(
                 sub,
-                map(
-                    add,
-                    map(cum.__getitem__, finals),
-                    map(chain_cost.__getitem__, map(parent.__getitem__, finals)),
-                ),
-                map(chain_cost.__getitem__, map(parent.__getitem__, s.roots)),
+                map(add, map(cum.__getitem__, finals), map(above.__getitem__, finals)),
+                map(above.__getitem__, s.roots),
             )
         delta = [0] * (never + 1)
-        if not self._nested(sorted(nodes)):
+        order = sorted(range(len(nodes)), key=nodes.__getitem__)
+        nodes = list(map(nodes.__getitem__, order))
+        if not self._nested(nodes):
+            # No occurrence below another: each summary adds its occurrences' cums.
             for i, v in zip(index, value, strict=True):
                 delta[i] += v
             return list(accumulate(delta[:never]))
-        order = sorted(range(len(nodes)), key=nodes.__getitem__)
-        nodes = list(map(nodes.__getitem__, order))
         stack_ends: list[NodeId] = []  # subtree ends of the final nodes that count and hold the current one
         stack_index: list[int] = []  # and their summaries' indexes, decreasing
         for g, i, v, g_end in zip(
@@ -800,10 +838,10 @@ class CallTreeProfile:
                 stack_ends.pop()
                 stack_index.pop()
             if stack_index:
-                above = stack_index[-1]
-                if i >= above:
-                    continue  # counted from `above` on, as part of that final node's subtree
-                delta[above] -= v
+                held_from = stack_index[-1]
+                if i >= held_from:
+                    continue  # counted from `held_from` on, as part of that final node's subtree
+                delta[held_from] -= v
             delta[i] += v
             stack_ends.append(g_end)
             stack_index.append(i)

@@ -111,3 +111,19 @@ def test_comparative_prefix_totals_match_one_total_per_prefix(a: Stacks, b: Stac
     for summaries in [found, *(cp.top_extension_summaries(s) for s in found)]:
         expected = [cp.total_cum_of(summaries[:n]) for n in range(1, len(summaries) + 1)]
         assert cp.total_cum_of_prefixes(summaries) == expected
+
+
+def test_cached_answers_are_copies_and_clear_caches_forgets() -> None:
+    p = CallTreeProfile.from_stacks([(["a", "b"], 3), (["c", "b"], 4), (["b", "d"], 5)])
+    b = p.summary(["b"])
+    assert b is not None
+    first = p.top_extension_summaries(b)
+    first.clear()
+    assert [s.path for s in p.top_extension_summaries(b)] == [("a", "b"), ("c", "b")]
+    tops = p.top_extension_summaries(b)
+    totals = p.total_cum_of_prefixes(tops)
+    totals.append(-1)
+    assert p.total_cum_of_prefixes(tops) == [3, 7]
+    assert p.cum_of(b) == 12 and p.total_cum_of(tops) == 7
+    p.clear_caches()
+    assert p.cum_of(b) == 12 and p.total_cum_of(tops) == 7 and p.total_cum_of_prefixes(tops) == [3, 7]
