@@ -80,6 +80,8 @@ _MAX_EXAMPLE_LENGTH = 200
 _CUM_CACHE_SIZE = 100_000
 #: and how many totals of lists of summaries, and prefix totals of lists
 _TOTAL_CACHE_SIZE = 1_000
+#: how many outermost occurrences the incremental prefix totals keep before batches are cheaper
+_MAX_OUTERMOST = 4096
 #: and how many extension listings (each a few thousand summaries at most)
 _EXTENSION_CACHE_SIZE = 16
 # "qualname (file.py:12)" (dyper, py-spy): the line number inside the parentheses.
@@ -786,6 +788,68 @@ class CallTreeProfile:
             total += sum(map(cum.__getitem__, new_finals)) + sum(map(cost.__getitem__, new_interior))
             totals.append(total)
         return totals
+
+    def iter_total_cum_of_prefixes(self, summaries: Sequence[CallTreeSummary]) -> Iterator[int]:
+        """:meth:`total_cum_of_prefixes`, one total at a time, each worked out only when asked for.
+
+        Zooming stops at the first prefix that reaches its bound, usually a
+        short one of a long list. For top extensions of one path (what zooming
+        lists at the top, see :func:`_siblings_at_top`) each summary's occurrences
+        are added to the outermost ones counted so far; otherwise the totals come
+        from :meth:`total_cum_of_prefixes` on the first 2, 4, 8, ... summaries.
+        """
+        done = 0
+        if summaries and _siblings_at_top(summaries):
+            for total in self._iter_top_extension_prefixes(summaries):
+                yield total
+                done += 1
+        size = max(2, 2 * done)
+        while done < len(summaries):
+            totals = self.total_cum_of_prefixes(summaries[:size])
+            yield from totals[done:]
+            done = len(totals)
+            size *= 2
+
+    def _iter_top_extension_prefixes(self, summaries: Sequence[CallTreeSummary]) -> Iterator[int]:
+        """The prefix totals of sibling top extensions, one summary at a time, for as long as that stays cheap.
+
+        As in :meth:`_top_extension_prefixes`, a prefix's total adds up the cums
+        of its outermost occurrences. Those are kept in preorder (starts, subtree
+        ends, cums): an occurrence inside one of them adds nothing, ever (the
+        set only grows); one outside adds its cum and replaces those inside its
+        subtree. Under recursion, as for a popular function, few occurrences are
+        outermost and most are answered by one bisection. When many are
+        (occurrences far apart), inserting into the lists gets dear: then this
+        stops, and :meth:`iter_total_cum_of_prefixes` goes on in batches.
+        """
+        cum, above, end = self._cum, self._above, self._end
+        starts: list[NodeId] = []
+        ends: list[NodeId] = []
+        values: list[int] = []
+        total = 0
+        for s in summaries:
+            if len(starts) > _MAX_OUTERMOST:
+                return
+            finals = s.finals
+            own = map(
+                sub,
+                map(add, map(cum.__getitem__, finals), map(above.__getitem__, finals)),
+                map(above.__getitem__, s.roots),
+            )
+            for g, v in zip(finals, own, strict=True):
+                j = bisect_right(starts, g)
+                if j and ends[j - 1] > g:
+                    continue  # inside an occurrence counted already
+                g_end = end[g]
+                k = bisect_left(starts, g_end, j)
+                if k > j:  # outermost occurrences inside g's subtree: g's cum holds theirs now
+                    total -= sum(values[j:k])
+                    del starts[j:k], ends[j:k], values[j:k]
+                starts.insert(j, g)
+                ends.insert(j, g_end)
+                values.insert(j, v)
+                total += v
+            yield total
 
     def _top_extension_prefixes(self, summaries: Sequence[CallTreeSummary]) -> list[int]:
         """The totals of every prefix of top extensions ``[m] + path`` of one path (see :func:`_siblings_at_top`).

@@ -10,8 +10,9 @@ matched to each other; only call sequences are, which is the paper's point.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from operator import sub
 from typing import Literal
 
 from monitor.search.calltree import CallTreeProfile, CallTreeSummary
@@ -147,6 +148,12 @@ class ComparativeProfile:
         b = _side_prefixes(self.b, [s.b for s in summaries])
         return [x - y for x, y in zip(a, b, strict=True)]
 
+    def iter_total_cum_of_prefixes(self, summaries: Sequence[ComparativeSummary]) -> Iterator[int]:
+        """:meth:`total_cum_of_prefixes`, one total at a time, each side working out only what is asked for."""
+        a = _side_iter(self.a, [s.a for s in summaries])
+        b = _side_iter(self.b, [s.b for s in summaries])
+        return map(sub, a, b)
+
     @staticmethod
     def _pair(path: tuple[str, ...], a: CallTreeSummary | None, b: CallTreeSummary | None) -> ComparativeSummary | None:
         if a is None and b is None:
@@ -158,6 +165,16 @@ def _side(summaries: list[ComparativeSummary], side: Literal["a", "b"]) -> list[
     """The single-tree summaries of one side, leaving out those that do not occur there."""
     picked = (s.a if side == "a" else s.b for s in summaries)
     return [s for s in picked if s is not None]
+
+
+def _side_iter(profile: CallTreeProfile, sides: list[CallTreeSummary | None]) -> Iterator[int]:
+    """One side's prefix totals, lazily; a summary absent on that side adds nothing to it."""
+    totals = profile.iter_total_cum_of_prefixes([s for s in sides if s is not None])
+    total = 0
+    for s in sides:
+        if s is not None:
+            total = next(totals)
+        yield total
 
 
 def _side_prefixes(profile: CallTreeProfile, sides: list[CallTreeSummary | None]) -> list[int]:

@@ -9,6 +9,8 @@ final nodes nest many levels deep, as under a popular recursive function.
 
 from __future__ import annotations
 
+from unittest import mock
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -75,6 +77,18 @@ def test_prefix_totals_match_one_total_per_prefix(stacks: Stacks, paths: Paths) 
 
 
 @SETTINGS
+@given(stacks_strategy, paths_strategy, st.sampled_from([0, 1, 4096]))
+def test_lazy_prefix_totals_match_one_total_per_prefix(stacks: Stacks, paths: Paths, outermost: int) -> None:
+    p = CallTreeProfile.from_stacks(stacks)
+    found = summaries_of(p, paths)
+    with mock.patch("monitor.search.calltree._MAX_OUTERMOST", outermost):
+        for summaries in [found, *(p.top_extension_summaries(s) for s in found)]:
+            p.clear_caches()
+            expected = [p.total_cum_of(summaries[:n]) for n in range(1, len(summaries) + 1)]
+            assert list(p.iter_total_cum_of_prefixes(summaries)) == expected
+
+
+@SETTINGS
 @given(stacks_strategy, paths_strategy)
 def test_extension_summaries_match_one_extension_per_name(stacks: Stacks, paths: Paths) -> None:
     p = CallTreeProfile.from_stacks(stacks)
@@ -111,6 +125,7 @@ def test_comparative_prefix_totals_match_one_total_per_prefix(a: Stacks, b: Stac
     for summaries in [found, *(cp.top_extension_summaries(s) for s in found)]:
         expected = [cp.total_cum_of(summaries[:n]) for n in range(1, len(summaries) + 1)]
         assert cp.total_cum_of_prefixes(summaries) == expected
+        assert list(cp.iter_total_cum_of_prefixes(summaries)) == expected
 
 
 def test_cached_answers_are_copies_and_clear_caches_forgets() -> None:
