@@ -26,7 +26,7 @@ import re
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate, compress, islice, repeat
+from itertools import accumulate, chain, compress, islice, repeat
 from operator import add, ge, lt, sub
 from typing import TYPE_CHECKING, Literal
 
@@ -693,7 +693,7 @@ class CallTreeProfile:
             above = self._above
             return total + sum(map(above.__getitem__, finals)) - sum(map(above.__getitem__, roots))
         if nested:
-            return self._cum_of_sets(finals, self._interior(summary).difference(finals))
+            return self._cum_of_sets(finals, self._interior(summary))
         # No final node is below another, so no node of an occurrence is below
         # another occurrence's final node: the subtrees of the final nodes and
         # the interior nodes are all disjoint.
@@ -722,19 +722,22 @@ class CallTreeProfile:
     def _total_cum_of(self, summaries: list[CallTreeSummary]) -> int:
         if _siblings_at_top(summaries):
             return self._top_extension_prefixes(summaries)[-1]
-        finals: set[NodeId] = set()
         interior: set[NodeId] = set()
         for s in summaries:
-            finals.update(s.finals)
             interior |= self._interior(s)
-        return self._cum_of_sets(sorted(finals), interior.difference(finals))
+        # Each summary's final nodes are sorted already: the sort merges runs.
+        # A node final in two summaries is kept twice, which the sweep allows.
+        return self._cum_of_sets(sorted(chain.from_iterable(s.finals for s in summaries)), interior)
 
     def _cum_of_sets(self, finals: Sequence[NodeId], interior: Iterable[NodeId]) -> int:
         """The paper's formula: cum-cost of final(S) - descendants(S) plus cost of interior(S) - descendants(S).
 
-        ``finals`` is sorted. A node is in descendants(S) when it lies before the
-        furthest subtree end of the finals that precede it in preorder: with
-        those running maxima, both tests are a lookup per node.
+        ``finals`` is sorted, repeats allowed. A node is in descendants(S) when
+        it lies before the furthest subtree end of the finals that precede it in
+        preorder: with those running maxima, both tests are a lookup per node.
+        A repeated final node lies before its own first copy's end, so it counts
+        once; an interior node (no repeats) that is also final is found with
+        its own end among those before it, so it counts only through the cum.
         """
         end, cum, cost = self._end, self._cum, self._cost
         # reach[i]: the furthest subtree end among finals[:i]; reach[0] = -1 (none yet)
@@ -742,7 +745,7 @@ class CallTreeProfile:
         top_level = map(ge, finals, reach)  # not below an earlier final
         total = sum(map(cum.__getitem__, compress(finals, top_level)))
         interior = list(interior)
-        below = map(reach.__getitem__, map(bisect_left, repeat(finals), interior))
+        below = map(reach.__getitem__, map(bisect_right, repeat(finals), interior))
         uncovered = map(ge, interior, below)
         return total + sum(map(cost.__getitem__, compress(interior, uncovered)))
 
