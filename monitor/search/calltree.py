@@ -590,6 +590,7 @@ class CallTreeProfile:
             )
             for nid, indexes in groups.items()
         ]
+        self._remember_small_cums(extended, summary.path, at_top=True)
         extended.sort(key=lambda s: s.path)
         return extended
 
@@ -614,8 +615,35 @@ class CallTreeProfile:
                 finals = list(map(finals.__getitem__, order))
                 roots = list(map(roots.__getitem__, order))
             extended.append(CallTreeSummary((*summary.path, self.names[nid]), tuple(finals), tuple(roots)))
+        self._remember_small_cums(extended, summary.path, at_top=False)
         extended.sort(key=lambda s: s.path)
         return extended
+
+    def _remember_small_cums(self, extended: list[CallTreeSummary], path: tuple[str, ...], at_top: bool) -> None:
+        """Put the cums of the extensions of ``path`` that occur once or twice in the cum cache.
+
+        Zooming ranks every extension by cum, and most of a popular function's
+        thousands of extensions occur once or twice: their cum is one or two
+        occurrences' own (final node's cum and chain cost), the second's unless
+        it is below the first. That holds when the extended path repeats no
+        name (as in :meth:`_cum_of`), or at the top when the caller's name is
+        the path's last one: then the caller's node is the other occurrence's
+        final node, below which the second occurrence lies.
+        """
+        if len(set(path)) != len(path):
+            return  # every extension repeats a name
+        blocked = set(path[:-1] if at_top else path)
+        cum, above, end, cums = self._cum, self._above, self._end, self._cums
+        for e in extended:
+            finals = e.finals
+            if len(finals) > 2 or (e.path[0] if at_top else e.path[-1]) in blocked:
+                continue
+            first = finals[0]
+            value = cum[first] + above[first] - above[e.roots[0]]
+            if len(finals) == 2 and finals[1] >= end[first]:  # the second is not below the first
+                second = finals[1]
+                value += cum[second] + above[second] - above[e.roots[1]]
+            self._remember(cums, e.path, value)
 
     def trim_top(self, summary: CallTreeSummary) -> CallTreeSummary | None:
         """The summary of ``path[1:]`` (it occurs at least wherever ``path`` does); ``None`` for a 1-long path."""
