@@ -245,6 +245,14 @@ class CallTreeProfile:
     Hot loops go through ``map``/``compress`` over the node lists rather than
     Python-level loops where they can: a popular function can occur at 100 000
     places of a million-node tree, and every operation touches each of them.
+
+    A search asks for the same numbers repeatedly (zooming ranks a summary's
+    extensions by cum, the listing shows those cums, every selection is
+    overlapped with the same labels), so cums, totals, prefix totals and
+    extension listings are cached by path, in bounded caches that start over
+    when full. Summaries hash by path, and a path means one set of occurrences
+    in one profile, so a cached answer is the answer. :meth:`clear_caches`
+    empties them (benchmarks of cold calls).
     """
 
     #: adding summaries never lowers total_cum_of: all costs are >= 0

@@ -130,10 +130,13 @@ class ComparativeProfile:
     # --- metrics: A minus B ----------------------------------------------------------
 
     def base_of(self, summary: ComparativeSummary) -> int:
-        return self.total_base_of((summary,))
+        a = self.a.base_of(summary.a) if summary.a is not None else 0
+        return a - (self.b.base_of(summary.b) if summary.b is not None else 0)
 
     def cum_of(self, summary: ComparativeSummary) -> int:
-        return self.total_cum_of((summary,))
+        # Directly, not as total_cum_of((summary,)): zooming asks for thousands of these.
+        a = self.a.cum_of(summary.a) if summary.a is not None else 0
+        return a - (self.b.cum_of(summary.b) if summary.b is not None else 0)
 
     def total_base_of(self, summaries: Iterable[ComparativeSummary]) -> int:
         summaries = list(summaries)
