@@ -43,7 +43,6 @@ has a larger cum, so this runs down to the path of length 1 unless the cum falls
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from itertools import accumulate
 from typing import Literal, TypeVar
 
 from monitor.search.interface import ProfileInterface
@@ -114,46 +113,23 @@ def _concentrating_prefix(profile: ProfileInterface[S], ranked: list[tuple[S, in
 
     Overlap is the expensive part (a popular function has thousands of
     extensions, some nested under each other), and the answer is usually a
-    short prefix: the extensions come by descending |cum|. So the prefix totals
-    are worked out for the first 2, 4, 8, ... summaries until one reaches the
-    bound, at most twice the work of the prefix that answers. In a monotone
-    profile a total never exceeds the sum of the cums it is made of, which
-    rules out the prefixes too short to reach the bound without any overlap
-    computed, and tells when no prefix can. A profile that offers
-    ``iter_total_cum_of_prefixes`` (the same totals, one at a time, each
-    worked out when asked for: both of ours do) is asked for them in order
-    instead, and the first total that reaches the bound ends the search.
+    short prefix: the extensions come by descending |cum|. A profile that
+    offers ``iter_total_cum_of_prefixes`` (the prefix totals one at a time,
+    each worked out when asked for: both of ours do) is asked for them in
+    order, and the first total that reaches the bound ends the search. In a
+    monotone profile a total never exceeds the sum of the cums it is made of,
+    which tells without any overlap computed when no prefix can reach it.
     """
     if not ranked:
         return None
     summaries = [s for s, _ in ranked]
     if abs(ranked[0][1]) >= bound:
         return summaries[:1]  # the common case when zooming through: no overlap to work out
-    lazy: Callable[[list[S]], Iterator[int]] | None = getattr(profile, "iter_total_cum_of_prefixes", None)
     if profile.monotone and sum(cum for _, cum in ranked) < bound:
         return None  # not even with no overlap at all
-    if lazy is not None:
-        # The profile works out the totals one at a time (both of ours do): stop at the first.
-        for n, total in enumerate(lazy(summaries), 1):
-            if abs(total) >= bound:
-                return summaries[:n]
-        return None
-    start = 1  # prefixes of fewer summaries are known not to reach the bound
-    if profile.monotone:
-        for n, upper in enumerate(accumulate(cum for _, cum in ranked), 1):
-            if upper >= bound:
-                start = n
-                break
-        else:
-            return None
-    size = max(2, start)
-    while True:
-        batch = summaries[:size]
-        totals = profile.total_cum_of_prefixes(batch)
-        for n in range(start, len(batch) + 1):
-            if abs(totals[n - 1]) >= bound:
-                return summaries[:n]
-        if size >= len(summaries):
-            return None
-        start = len(batch) + 1
-        size *= 2
+    lazy: Callable[[list[S]], Iterator[int]] | None = getattr(profile, "iter_total_cum_of_prefixes", None)
+    totals = lazy(summaries) if lazy is not None else profile.total_cum_of_prefixes(summaries)
+    for n, total in enumerate(totals, 1):
+        if abs(total) >= bound:
+            return summaries[:n]
+    return None
