@@ -867,8 +867,6 @@ class CallTreeProfile:
         values: list[int] = []
         total = 0
         for s in summaries:
-            if len(starts) > _MAX_OUTERMOST:
-                return
             finals = s.finals
             own = map(
                 sub,
@@ -884,6 +882,8 @@ class CallTreeProfile:
                 if k > j:  # outermost occurrences inside g's subtree: g's cum holds theirs now
                     total -= sum(values[j:k])
                     del starts[j:k], ends[j:k], values[j:k]
+                if len(starts) >= _MAX_OUTERMOST:
+                    return  # before this summary's total: the batches take over from it
                 starts.insert(j, g)
                 ends.insert(j, g_end)
                 values.insert(j, v)
