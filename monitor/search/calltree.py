@@ -628,30 +628,22 @@ class CallTreeProfile:
         return extended
 
     def _remember_small_cums(self, extended: list[CallTreeSummary], path: tuple[str, ...], at_top: bool) -> None:
-        """Put the cums of the extensions of ``path`` that occur once or twice in the cum cache.
+        """Put the cums of the extensions of ``path`` in the cum cache, where :meth:`_outermost_cum` applies.
 
-        Zooming ranks every extension by cum, and most of a popular function's
-        thousands of extensions occur once or twice: their cum is one or two
-        occurrences' own (final node's cum and chain cost), the second's unless
-        it is below the first. That holds when the extended path repeats no
-        name (as in :meth:`_cum_of`), or at the top when the caller's name is
+        Zooming ranks every extension by cum, and a popular function has
+        thousands: worked out here, each is a few passes over its occurrences,
+        without a call through :meth:`cum_of` apiece. That applies when the
+        extended path repeats no name, or at the top when the caller's name is
         the path's last one: then the caller's node is the other occurrence's
-        final node, below which the second occurrence lies.
+        final node, below which the occurrence lies (see :meth:`_top_extension_prefixes`).
         """
         if len(set(path)) != len(path):
             return  # every extension repeats a name
         blocked = set(path[:-1] if at_top else path)
-        cum, above, end, cums = self._cum, self._above, self._end, self._cums
+        outermost_cum, cums = self._outermost_cum, self._cums
         for e in extended:
-            finals = e.finals
-            if len(finals) > 2 or (e.path[0] if at_top else e.path[-1]) in blocked:
-                continue
-            first = finals[0]
-            value = cum[first] + above[first] - above[e.roots[0]]
-            if len(finals) == 2 and finals[1] >= end[first]:  # the second is not below the first
-                second = finals[1]
-                value += cum[second] + above[second] - above[e.roots[1]]
-            self._remember(cums, e.path, value)
+            if (e.path[0] if at_top else e.path[-1]) not in blocked:
+                self._remember(cums, e.path, outermost_cum(e.finals, e.roots))
 
     def trim_top(self, summary: CallTreeSummary) -> CallTreeSummary | None:
         """The summary of ``path[1:]`` (it occurs at least wherever ``path`` does); ``None`` for a 1-long path."""
@@ -704,36 +696,42 @@ class CallTreeProfile:
 
     def _cum_of(self, summary: CallTreeSummary) -> int:
         finals, path = summary.finals, summary.path
-        if len(finals) == 1:
-            # Most extensions of a summary occur once or twice: no passes to set up.
-            final = finals[0]
-            return self._cum[final] + self._above[final] - self._above[summary.roots[0]]
-        nested = self._nested(finals)
-        if len(set(path)) == len(path):
-            # Occurrences share no node (that would put a name at two places in the
-            # path), and one below another's final node lies wholly in its subtree.
-            # So the cum adds up, over the final nodes below no other one, the
-            # final node's cum and the cost of its chain up to the root.
-            cum = self._cum
-            if nested:
-                end = self._end
-                reach = [-1, *accumulate(map(end.__getitem__, finals), max)]
-                top_level = list(map(ge, finals, reach))
-                finals = tuple(compress(finals, top_level))
-                roots = tuple(compress(summary.roots, top_level))
-            else:
-                roots = summary.roots
-            total = sum(map(cum.__getitem__, finals))
-            if len(path) == 1:
-                return total
-            above = self._above
-            return total + sum(map(above.__getitem__, finals)) - sum(map(above.__getitem__, roots))
-        if nested:
+        if len(path) == 1:
+            return self._outermost_cum(finals, finals)
+        if len(finals) == 1 or len(set(path)) == len(path):
+            return self._outermost_cum(finals, summary.roots)
+        if self._nested(finals):
             return self._cum_of_sets(finals, self._interior(summary))
         # No final node is below another, so no node of an occurrence is below
         # another occurrence's final node: the subtrees of the final nodes and
         # the interior nodes are all disjoint.
         return sum(map(self._cum.__getitem__, finals)) + sum(map(self._cost.__getitem__, self._interior(summary)))
+
+    def _outermost_cum(self, finals: Sequence[NodeId], roots: Sequence[NodeId]) -> int:
+        """The cum of occurrences ``roots[i]`` .. ``finals[i]`` (``finals`` sorted) of a path that repeats no name.
+
+        Such occurrences share no node (that would put a name at two places in
+        the path), and one below another's final node lies wholly in its
+        subtree. So the cum adds up, over the final nodes below no other one,
+        the final node's cum and the cost of its chain up to the root. (A single
+        occurrence needs no condition on the path.)
+        """
+        cum, above = self._cum, self._above
+        if len(finals) == 1:
+            # Most extensions of a summary occur once or twice: no passes to set up.
+            final = finals[0]
+            return cum[final] + above[final] - above[roots[0]]
+        alone = roots is finals  # a path of length 1: occurrences are their final nodes
+        ends = list(map(self._end.__getitem__, finals))
+        if any(map(lt, islice(finals, 1, None), ends)):  # some final node is below another
+            # reach[i]: the furthest subtree end among finals[:i]; reach[0] = -1 (none yet)
+            top_level = list(map(ge, finals, [-1, *accumulate(ends, max)]))
+            finals = list(compress(finals, top_level))
+            roots = finals if alone else list(compress(roots, top_level))
+        total = sum(map(cum.__getitem__, finals))
+        if alone:
+            return total
+        return total + sum(map(above.__getitem__, finals)) - sum(map(above.__getitem__, roots))
 
     def total_base_of(self, summaries: Iterable[CallTreeSummary]) -> int:
         """The cost of along(S), the union of along(s) over the summaries."""
