@@ -295,8 +295,10 @@ class CallTreeProfile:
         self._total_cums: dict[frozenset[tuple[str, ...]], int] = {}
         # List of paths -> total_cum_of_prefixes (zooming again asks for the same).
         self._prefix_totals: dict[tuple[tuple[str, ...], ...], list[int]] = {}
-        # ("top" or "bottom", path) -> the extension listing.
+        # ("top" or "bottom", path) -> the extension listing; and the listings whose
+        # cums are in the cum cache already.
         self._extensions: dict[tuple[str, tuple[str, ...]], list[CallTreeSummary]] = {}
+        self._cums_listed: set[tuple[str, tuple[str, ...]]] = set()
         #: set by :meth:`from_collapsed`
         self.collapsed_stats: CollapsedStats | None = None
 
@@ -577,6 +579,7 @@ class CallTreeProfile:
             listed = compute(summary)
             if len(self._extensions) >= _EXTENSION_CACHE_SIZE:
                 self._extensions.clear()
+                self._cums_listed.clear()
             self._extensions[key] = listed
         return list(listed)
 
@@ -598,7 +601,6 @@ class CallTreeProfile:
             )
             for nid, indexes in groups.items()
         ]
-        self._remember_small_cums(extended, summary.path, at_top=True)
         extended.sort(key=lambda s: s.path)
         return extended
 
@@ -623,20 +625,30 @@ class CallTreeProfile:
                 finals = list(map(finals.__getitem__, order))
                 roots = list(map(roots.__getitem__, order))
             extended.append(CallTreeSummary((*summary.path, self.names[nid]), tuple(finals), tuple(roots)))
-        self._remember_small_cums(extended, summary.path, at_top=False)
         extended.sort(key=lambda s: s.path)
         return extended
 
-    def _remember_small_cums(self, extended: list[CallTreeSummary], path: tuple[str, ...], at_top: bool) -> None:
-        """Put the cums of the extensions of ``path`` in the cum cache, where :meth:`_outermost_cum` applies.
+    def _remember_listed_cums(self, summary: CallTreeSummary) -> None:
+        """If ``summary`` is in a cached extension listing, put the cums of that listing in the cum cache.
 
         Zooming ranks every extension by cum, and a popular function has
-        thousands: worked out here, each is a few passes over its occurrences,
-        without a call through :meth:`cum_of` apiece. That applies when the
-        extended path repeats no name, or at the top when the caller's name is
-        the path's last one: then the caller's node is the other occurrence's
-        final node, below which the occurrence lies (see :meth:`_top_extension_prefixes`).
+        thousands: worked out here together, when the first is asked for, each
+        is a few passes over its occurrences, without a call through
+        :meth:`cum_of` apiece (and a listing nobody ranks costs nothing more).
+        That applies where :meth:`_outermost_cum` does: when the extended path
+        repeats no name, or at the top when the caller's name is the path's
+        last one: then the caller's node is the other occurrence's final node,
+        below which the occurrence lies (see :meth:`_top_extension_prefixes`).
         """
+        for at_top, key in ((True, ("top", summary.path[1:])), (False, ("bottom", summary.path[:-1]))):
+            if key in self._cums_listed:
+                continue
+            extended = self._extensions.get(key)
+            if extended is not None:
+                self._cums_listed.add(key)
+                self._remember_cums(extended, key[1], at_top)
+
+    def _remember_cums(self, extended: list[CallTreeSummary], path: tuple[str, ...], at_top: bool) -> None:
         if len(set(path)) != len(path):
             return  # every extension repeats a name
         blocked = set(path[:-1] if at_top else path)
@@ -679,6 +691,7 @@ class CallTreeProfile:
         self._total_cums.clear()
         self._prefix_totals.clear()
         self._extensions.clear()
+        self._cums_listed.clear()
 
     @staticmethod
     def _remember(cache: dict[tuple[str, ...], int], path: tuple[str, ...], value: int) -> int:
@@ -690,6 +703,9 @@ class CallTreeProfile:
     def cum_of(self, summary: CallTreeSummary) -> int:
         """The cost of along(s) and of every descendant of final(s), each node counted once."""
         cached = self._cums.get(summary.path)
+        if cached is None and len(summary.path) > 1:
+            self._remember_listed_cums(summary)
+            cached = self._cums.get(summary.path)
         if cached is None:
             cached = self._remember(self._cums, summary.path, self._cum_of(summary))
         return cached
