@@ -755,7 +755,12 @@ class CallTreeProfile:
 
     def total_cum_of(self, summaries: Iterable[CallTreeSummary]) -> int:
         """The cost of along(S) | descendants(S), each node counted once."""
-        summaries = list(summaries)
+        by_path = {s.path: s for s in summaries}
+        # A summary whose path starts with another's path adds nothing: the first
+        # nodes of each of its occurrences are an occurrence of the other, and
+        # the rest lies below that one's final node. (Selecting [f, g] with the
+        # label [f] on is the common case: its overlap is then read off caches.)
+        summaries = [s for path, s in by_path.items() if not any(path[:k] in by_path for k in range(1, len(path)))]
         if not summaries:
             return 0
         if len(summaries) == 1:

@@ -77,6 +77,19 @@ def test_prefix_totals_match_one_total_per_prefix(stacks: Stacks, paths: Paths) 
 
 
 @SETTINGS
+@given(stacks_strategy, paths_strategy)
+def test_summaries_under_another_add_nothing_to_a_total(stacks: Stacks, paths: Paths) -> None:
+    p = CallTreeProfile.from_stacks(stacks)
+    found = summaries_of(p, paths)
+    under: list[CallTreeSummary] = []
+    for s in found:
+        under += p.bottom_extension_summaries(s)
+    everything = found + under + found
+    # total_cum_of drops the summaries whose path starts with another's; the sweep over all of them agrees.
+    assert p.total_cum_of(everything) == (p._total_cum_of(everything) if everything else 0)
+
+
+@SETTINGS
 @given(stacks_strategy, paths_strategy, st.sampled_from([0, 1, 4096]))
 def test_lazy_prefix_totals_match_one_total_per_prefix(stacks: Stacks, paths: Paths, outermost: int) -> None:
     p = CallTreeProfile.from_stacks(stacks)
