@@ -1,0 +1,94 @@
+"""Yield end to end: stack samples per second per 1% of budget, everything charged.
+
+``bench/sample_cost.py`` times the stack walk alone. The agent charges more
+than the walk: every wake-up of its thread holds the GIL around the sample
+(the loop, the guard, the clock), and that is charged too. This runs the real
+agent (sampling only, no monitor, so the whole budget goes to sampling and
+reporting) in a process with the reference load of sample_cost.py (8 threads
+about 30 frames deep, CPU-bound), and reports what it achieved:
+
+    samples/s per 1% = samples per second / (budget in %)
+
+and the measured cost per sample, split into walk and wake-up, from the
+agent's own ledger.
+
+    python bench/yield_.py [--budget 1%] [--seconds 20] [--threads 8] [--depth 30] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import agent
+from agent.protocol import parse_budget
+from bench.sample_cost import worker
+
+YIELD_TARGET = 150
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--budget", default="1%")
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--threads", type=int, default=8)
+    ap.add_argument("--depth", type=int, default=30)
+    ap.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = ap.parse_args(argv)
+    budget = parse_budget(args.budget)
+
+    stop = threading.Event()
+    threads = [
+        threading.Thread(target=worker, args=(args.depth, stop, 2000, 0.0), daemon=True) for _ in range(args.threads)
+    ]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    # Nobody listens on port 1: the agent plans alone, with no proflets: FRACT = 1.
+    agent.start("tcp://127.0.0.1:1", budget, proflets=())
+    a = agent._agent
+    assert a is not None
+    time.sleep(1.0)  # let the first plans settle on measured costs
+    s0, spent0, t0 = a._samples_total, a.guard.spent_s, time.monotonic()
+    time.sleep(args.seconds)
+    s1, spent1, t1 = a._samples_total, a.guard.spent_s, time.monotonic()
+    result = {
+        "python": platform.python_version(),
+        "machine": f"{platform.processor() or platform.machine()}, {threading.active_count()} threads",
+        "budget_pct": 100 * budget,
+        "samples_per_s": (s1 - s0) / (t1 - t0),
+        "samples_per_s_per_1pct": (s1 - s0) / (t1 - t0) / (100 * budget),
+        "spent_pct": 100 * (spent1 - spent0) / (t1 - t0),
+        "walk_us": 1e6 * a.sample_cost_s,
+        "wake_us": 1e6 * a.wake_cost_s,
+        "lag_ms": 1e3 * a.sample_lag_s,
+        "target": YIELD_TARGET,
+    }
+    agent.stop()
+    stop.set()
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(
+            f"CPython {result['python']}, {args.threads} threads {args.depth} deep, budget {args.budget}: "
+            f"{result['samples_per_s']:.0f} samples/s, spent {result['spent_pct']:.2f}%, "
+            f"per sample {result['walk_us']:.0f} us walk + {result['wake_us']:.0f} us wake-up, "
+            f"lag {result['lag_ms']:.1f} ms"
+        )
+        verdict = "met" if result["samples_per_s_per_1pct"] >= YIELD_TARGET else "not met"
+        print(
+            f"yield: {result['samples_per_s_per_1pct']:.0f} stack samples/s per 1% of budget, "
+            f"everything charged (target >= {YIELD_TARGET}: {verdict})"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
