@@ -102,14 +102,16 @@ class ComparativeProfile:
         return extended
 
     def top_extension_summaries(self, summary: ComparativeSummary) -> list[ComparativeSummary]:
-        in_a = {s.path: s for s in self.a.top_extension_summaries(summary.a)} if summary.a is not None else {}
-        in_b = {s.path: s for s in self.b.top_extension_summaries(summary.b)} if summary.b is not None else {}
-        return [ComparativeSummary(path, in_a.get(path), in_b.get(path)) for path in sorted(in_a.keys() | in_b.keys())]
+        return _merged(
+            self.a.top_extension_summaries(summary.a) if summary.a is not None else [],
+            self.b.top_extension_summaries(summary.b) if summary.b is not None else [],
+        )
 
     def bottom_extension_summaries(self, summary: ComparativeSummary) -> list[ComparativeSummary]:
-        in_a = {s.path: s for s in self.a.bottom_extension_summaries(summary.a)} if summary.a is not None else {}
-        in_b = {s.path: s for s in self.b.bottom_extension_summaries(summary.b)} if summary.b is not None else {}
-        return [ComparativeSummary(path, in_a.get(path), in_b.get(path)) for path in sorted(in_a.keys() | in_b.keys())]
+        return _merged(
+            self.a.bottom_extension_summaries(summary.a) if summary.a is not None else [],
+            self.b.bottom_extension_summaries(summary.b) if summary.b is not None else [],
+        )
 
     def trim_top(self, summary: ComparativeSummary) -> ComparativeSummary | None:
         """The summary of ``path[1:]``; ``None`` for a 1-long path.
@@ -162,6 +164,27 @@ class ComparativeProfile:
         if a is None and b is None:
             return None
         return ComparativeSummary(path, a, b)
+
+
+def _merged(a: list[CallTreeSummary], b: list[CallTreeSummary]) -> list[ComparativeSummary]:
+    """The paths listed in A or in B (each list sorted by path), paired, in path order: one merge pass."""
+    merged = []
+    i = j = 0
+    while i < len(a) and j < len(b):
+        x, y = a[i], b[j]
+        if x.path == y.path:
+            merged.append(ComparativeSummary(x.path, x, y))
+            i += 1
+            j += 1
+        elif x.path < y.path:
+            merged.append(ComparativeSummary(x.path, x, None))
+            i += 1
+        else:
+            merged.append(ComparativeSummary(y.path, None, y))
+            j += 1
+    merged += [ComparativeSummary(x.path, x, None) for x in a[i:]]
+    merged += [ComparativeSummary(y.path, None, y) for y in b[j:]]
+    return merged
 
 
 def _side(summaries: list[ComparativeSummary], side: Literal["a", "b"]) -> list[CallTreeSummary]:

@@ -168,3 +168,21 @@ def test_cached_answers_are_copies_and_clear_caches_forgets() -> None:
     assert p.cum_of(b) == 12 and p.total_cum_of(tops) == 7
     p.clear_caches()
     assert p.cum_of(b) == 12 and p.total_cum_of(tops) == 7 and p.total_cum_of_prefixes(tops) == [3, 7]
+
+
+@SETTINGS
+@given(stacks_strategy, stacks_strategy, paths_strategy)
+def test_comparative_listings_pair_the_two_sides(a: Stacks, b: Stacks, paths: Paths) -> None:
+    pa, pb = CallTreeProfile.from_stacks(a), CallTreeProfile.from_stacks(b)
+    cp = ComparativeProfile(pa, pb)
+    found = [s for s in (cp.summary(path) for path in paths) if s is not None] + cp.initial_summaries()
+    for s in found:
+        for listed in (cp.top_extension_summaries(s), cp.bottom_extension_summaries(s)):
+            assert [e.path for e in listed] == sorted({e.path for e in listed})
+            for e in listed:
+                in_a, in_b = pa.summary(e.path), pb.summary(e.path)
+                assert (e.a is None, e.b is None) == (in_a is None, in_b is None)
+                assert e.a is None or in_a is None or e.a.finals == in_a.finals
+                assert e.b is None or in_b is None or e.b.finals == in_b.finals
+        tops = {(m, *s.path) for m in cp.top_extensions(s)}
+        assert {e.path for e in cp.top_extension_summaries(s)} == tops
