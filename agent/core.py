@@ -419,10 +419,7 @@ class Agent:
         self._replan()
 
     def _fitted_costs(self) -> list[ProfletCosts]:
-        # A burst must fit in what the guard can save up, or at a low budget it
-        # would wait for ever: half the bucket, so sampling goes on meanwhile.
-        most = self.budget * self.guard.capacity_s / 2
-        return [fit_interval(c, most) for c in self.proflet_costs.values()]
+        return [self._burst_costs(name) for name in self.proflet_costs]
 
     def _replan(self) -> None:
         now = self.clock()
@@ -482,8 +479,9 @@ class Agent:
                 collector.close()
 
     def _burst_costs(self, name: str) -> ProfletCosts:
-        costs = self.proflet_costs[name]
-        return fit_interval(costs, self.budget * self.guard.capacity_s / 2)
+        # A burst must fit in what the guard can save up, or at a low budget it
+        # would wait for ever: half the bucket, so sampling goes on meanwhile.
+        return fit_interval(self.proflet_costs[name], self.budget * self.guard.capacity_s / 2)
 
     def _detail_step(self, now: float) -> None:
         for name, burst in list(self._bursts.items()):

@@ -45,6 +45,18 @@ def duration_arg(text: str) -> float:
     return value
 
 
+def add_monitor_argument(parser: argparse.ArgumentParser, what: str = "") -> None:
+    """``--monitor ENDPOINT``: the standing monitor a command asks (default the agent's default)."""
+    from agent import DEFAULT_MONITOR
+
+    parser.add_argument(
+        "--monitor",
+        metavar="ENDPOINT",
+        default=DEFAULT_MONITOR,
+        help=f"the standing monitor{what} (default {DEFAULT_MONITOR})",
+    )
+
+
 def add_output_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-o",

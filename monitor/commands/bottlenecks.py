@@ -27,8 +27,7 @@ from typing import Any, Literal
 
 from rich.console import Console
 
-from agent import DEFAULT_MONITOR
-from monitor.commands import CliError, duration_arg
+from monitor.commands import CliError, add_monitor_argument, duration_arg
 from monitor.profile import Profile
 from monitor.search.calltree import CallTreeProfile
 from monitor.search.comparative import ComparativeProfile
@@ -53,12 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lines", action="store_true", help="one name per line instead of per function")
     parser.add_argument("--libraries", action="store_true", help="charge library time to the calling app line")
     parser.add_argument("--window", type=duration_arg, help="with a PID: the last N seconds (default whole run)")
-    parser.add_argument(
-        "--monitor",
-        metavar="ENDPOINT",
-        default=DEFAULT_MONITOR,
-        help=f"the standing monitor, for PIDs (default {DEFAULT_MONITOR})",
-    )
+    add_monitor_argument(parser, ", for PIDs")
 
 
 @dataclass

@@ -36,8 +36,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from agent import DEFAULT_MONITOR
-from monitor.commands import CliError, duration_arg
+from monitor.commands import CliError, add_monitor_argument, duration_arg
 from monitor.consolidate import (
     DEFAULT_THRESHOLD_PCT,
     SourceShares,
@@ -102,12 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with one PID: that many consecutive windows of the live process, e.g. 6x10s",
     )
     parser.add_argument("--window", type=duration_arg, help="with PIDs: the last N seconds of each (default whole run)")
-    parser.add_argument(
-        "--monitor",
-        metavar="ENDPOINT",
-        default=DEFAULT_MONITOR,
-        help=f"the standing monitor (default {DEFAULT_MONITOR})",
-    )
+    add_monitor_argument(parser)
     parser.add_argument("--limit", type=int, default=30, help="rows per table in the terminal (default 30, 0: all)")
     parser.add_argument("--json", action="store_true", help="print the whole consolidation as JSON")
 

@@ -11,22 +11,16 @@ from __future__ import annotations
 import argparse
 import time
 
-from agent import DEFAULT_MONITOR
 from monitor.attach import AttachError, detach
 from monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
-from monitor.commands import CliError, pid_arg
+from monitor.commands import CliError, add_monitor_argument, pid_arg
 
 NAME = "detach"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("pid", type=pid_arg)
-    parser.add_argument(
-        "--monitor",
-        metavar="ENDPOINT",
-        default=DEFAULT_MONITOR,
-        help=f"the standing monitor (default {DEFAULT_MONITOR})",
-    )
+    add_monitor_argument(parser)
 
 
 def _via_monitor(endpoint: str, pid: int) -> bool:

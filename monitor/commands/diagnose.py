@@ -40,9 +40,8 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from agent import DEFAULT_MONITOR
 from monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
-from monitor.commands import CliError, duration_arg
+from monitor.commands import CliError, add_monitor_argument, duration_arg
 from monitor.commands.bottlenecks import read_source
 from monitor.consolidate import parse_threshold
 from monitor.search.diagnose import DESCRIPTIONS, Diagnosis, diagnose, diagnose_tree
@@ -79,12 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="with a PID: how long to wait for cpu detailing's call counts of CPU-bound bottlenecks (0: do not ask)",
     )
-    parser.add_argument(
-        "--monitor",
-        metavar="ENDPOINT",
-        default=DEFAULT_MONITOR,
-        help=f"the standing monitor, for PIDs (default {DEFAULT_MONITOR})",
-    )
+    add_monitor_argument(parser, ", for PIDs")
 
 
 def _detail_cpu_bottlenecks(result: Diagnosis, pid: int, monitor: str, wait_s: float) -> None:

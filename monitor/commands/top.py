@@ -15,9 +15,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from agent import DEFAULT_MONITOR
 from monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
-from monitor.commands import CliError, duration_arg, pid_arg
+from monitor.commands import CliError, add_monitor_argument, duration_arg, pid_arg
 from monitor.views import render_top
 
 NAME = "top"
@@ -25,12 +24,7 @@ NAME = "top"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("pid", type=pid_arg, nargs="?")
-    parser.add_argument(
-        "--monitor",
-        metavar="ENDPOINT",
-        default=DEFAULT_MONITOR,
-        help=f"the standing monitor (default {DEFAULT_MONITOR})",
-    )
+    add_monitor_argument(parser)
     parser.add_argument("--window", type=duration_arg, help="the last N seconds only (default: whole run)")
     parser.add_argument("--libraries", action="store_true", help="charge library time to the calling app line")
     parser.add_argument("--once", action="store_true", help="print the view once and exit")

@@ -1,15 +1,19 @@
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from monitor.server import Monitor
 
 TARGETS = Path(__file__).parent / "targets"
 REPO = Path(__file__).resolve().parents[2]
@@ -148,3 +152,40 @@ def threads_and_fds(pid: int) -> tuple[int, int]:
 
 def load_json(path: Path) -> dict[str, object]:
     return json.loads(path.read_text())
+
+
+class MonitorThread:
+    """A real monitor on its own event loop in a background thread."""
+
+    def __init__(self) -> None:
+        self.monitor = Monitor("tcp://127.0.0.1:0")
+        self.endpoint = self.monitor.bind()
+        self.loop = asyncio.new_event_loop()
+        self.stop_event: asyncio.Event | None = None
+        self.thread = threading.Thread(target=self._run, name="test-monitor", daemon=True)
+        self.thread.start()
+        wait_for(lambda: self.stop_event is not None, what="monitor loop")
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+
+        async def main() -> None:
+            self.stop_event = asyncio.Event()
+            await self.monitor.serve(self.stop_event)
+
+        self.loop.run_until_complete(main())
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.stop_event.set)
+        self.thread.join(5)
+        self.monitor.close()
+        self.loop.close()
+
+
+@pytest.fixture
+def monitor_thread():
+    m = MonitorThread()
+    try:
+        yield m
+    finally:
+        m.close()

@@ -1,6 +1,5 @@
 """The agent inside this very process, against a real monitor socket."""
 
-import asyncio
 import atexit
 import os
 import threading
@@ -9,45 +8,7 @@ import time
 import pytest
 
 import agent
-from monitor.server import Monitor
 from tests.integration.conftest import free_port, wait_for
-
-
-class MonitorThread:
-    """A real monitor on its own event loop in a background thread."""
-
-    def __init__(self) -> None:
-        self.monitor = Monitor("tcp://127.0.0.1:0")
-        self.endpoint = self.monitor.bind()
-        self.loop = asyncio.new_event_loop()
-        self.stop_event: asyncio.Event | None = None
-        self.thread = threading.Thread(target=self._run, name="test-monitor", daemon=True)
-        self.thread.start()
-        wait_for(lambda: self.stop_event is not None, what="monitor loop")
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-
-        async def main() -> None:
-            self.stop_event = asyncio.Event()
-            await self.monitor.serve(self.stop_event)
-
-        self.loop.run_until_complete(main())
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.stop_event.set)
-        self.thread.join(5)
-        self.monitor.close()
-        self.loop.close()
-
-
-@pytest.fixture
-def monitor_thread():
-    m = MonitorThread()
-    try:
-        yield m
-    finally:
-        m.close()
 
 
 def _fds() -> int:

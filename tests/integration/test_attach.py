@@ -15,6 +15,7 @@ from monitor import inject
 from monitor.attach import attach, detach
 from tests.integration.conftest import (
     TARGETS,
+    MonitorThread,
     dyper,
     load_json,
     split_shares,
@@ -24,7 +25,6 @@ from tests.integration.conftest import (
     truth_share,
     wait_for,
 )
-from tests.integration.test_agent import MonitorThread
 
 PROBE = r"""
 import gc, json, os, sys, threading, tracemalloc

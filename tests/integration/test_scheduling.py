@@ -10,12 +10,9 @@ import os
 import time
 from typing import Any
 
-import pytest
-
 import agent
 from agent.proflet import Collector, DetailContext
-from tests.integration.conftest import free_port, wait_for
-from tests.integration.test_agent import MonitorThread
+from tests.integration.conftest import MonitorThread, free_port, wait_for
 
 
 def hot(n: int) -> int:
@@ -39,15 +36,6 @@ def _busy_until(predicate, timeout: float, what: str) -> None:  # type: ignore[n
 def _within_budget(a: Any) -> None:
     elapsed = a.clock() - a.guard.started
     assert a.guard.spent_s <= a.budget * elapsed + a.max_op_s + 1e-3, (a.guard.spent_s, elapsed, a.max_op_s)
-
-
-@pytest.fixture
-def monitor_thread():
-    m = MonitorThread()
-    try:
-        yield m
-    finally:
-        m.close()
 
 
 def test_monitor_schedules_cpu_detailing_and_the_call_counts_arrive(monitor_thread):
