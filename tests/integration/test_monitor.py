@@ -26,7 +26,9 @@ def start_with_agent(endpoint, *args, budget=0.05):
 def test_run_with_standing_monitor_top_ps_detach(standing_monitor, tmp_path):
     ep = standing_monitor.endpoint
     truth = tmp_path / "truth"
-    target = start_with_agent(ep, str(TARGETS / "split.py"), "--heartbeat", str(truth))
+    # 20%: the split check wants some 1000 samples, which 5% gathers in about 11 s here,
+    # too close to wait_for's 15 s on a loaded CI machine.
+    target = start_with_agent(ep, str(TARGETS / "split.py"), "--heartbeat", str(truth), budget=0.2)
     try:
         wait_for(lambda: (s := standing_monitor.session(target.pid)) and s["samples"] > 1000, what="samples")
         top = json.loads(dyper("top", str(target.pid), "--monitor", ep, "--json", check=True).stdout)
