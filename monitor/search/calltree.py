@@ -1,10 +1,11 @@
 """The profile interface over one call tree (seed 000, section 2.2, "Call-tree Profiles").
 
-The tree is stored as flat lists indexed by node id, with ids given in DFS
+The tree is stored as numpy arrays indexed by node id, with ids given in DFS
 preorder. Preorder makes a subtree an interval: node ``n`` and its descendants
 are exactly the ids ``n .. end[n]-1``. That turns the paper's "is ``n`` in
 descendants(s)?" from a walk to the root into a comparison, so cum and overlap
-cost one pass over the summary's final nodes, without ever listing a subtree.
+cost a few whole-array passes over the summary's final nodes, without ever
+listing a subtree.
 
 Definitions, as in the paper, for a summary ``s`` with call sequence ``path``:
 
@@ -18,17 +19,26 @@ Definitions, as in the paper, for a summary ``s`` with call sequence ``path``:
 Each node is counted once, so a path that matches at nested places (recursion)
 is not counted twice, and neither is a node shared by several summaries in
 ``total_base_of``/``total_cum_of``.
+
+Why numpy: a popular function occurs at 100 000 places of a million-node tree,
+and every operation on its summary touches each of them. A pass over them as
+one array operation takes a fraction of a millisecond, as a Python loop tens of
+milliseconds. Python loops are left only where there is one step per summary
+of a listing (a few thousand at most) or per level of nesting, never one per
+node. The index arrays that make listings cheap (nodes grouped by name, by
+parent) and the cums and bases of the paths of length 1 are built at load.
 """
 
 from __future__ import annotations
 
 import re
-from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate, chain, compress, islice, repeat
-from operator import add, ge, lt, sub
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, cast
+
+import numpy as np
+from numpy.typing import NDArray
 
 if TYPE_CHECKING:
     from monitor.profile import Profile
@@ -39,27 +49,56 @@ if TYPE_CHECKING:
 FrameKey = Literal["frame", "function"]
 
 NodeId = int
+#: node ids, name ids, costs or indexes, one per element
+Ints = NDArray[np.int64]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CallTreeSummary:
     """A call sequence and the places it occurs (the paper's ``{calls; roots}``).
 
-    ``finals[i]`` is the node at the end of one occurrence and ``roots[i]`` the
-    node at its start, so extending at either end needs no walk along the path.
-    ``finals`` is sorted (preorder), which is what the cum sweep relies on.
+    ``final_nodes[i]`` is the node at the end of one occurrence and
+    ``root_nodes[i]`` the node at its start, so extending at either end needs no
+    walk along the path. ``final_nodes`` is sorted (preorder), which the cum
+    sweep relies on. Both are read-only arrays, often views into the profile's
+    own; :attr:`finals` and :attr:`roots` give them as tuples of ints.
 
     Summaries compare and hash by path: a summary belongs to the profile that
     made it and means nothing in another one.
     """
 
     path: tuple[str, ...]
-    finals: tuple[NodeId, ...] = field(compare=False, repr=False)
-    roots: tuple[NodeId, ...] = field(compare=False, repr=False)
+    final_nodes: Ints = field(compare=False, repr=False)
+    root_nodes: Ints = field(compare=False, repr=False)
 
     def __len__(self) -> int:
         """How many places the call sequence occurs at."""
-        return len(self.finals)
+        return len(self.final_nodes)
+
+    @property
+    def finals(self) -> tuple[NodeId, ...]:
+        """The final node of each occurrence, in preorder."""
+        return tuple(self.final_nodes.tolist())
+
+    @property
+    def roots(self) -> tuple[NodeId, ...]:
+        """The root node of each occurrence, in the order of :attr:`finals`."""
+        return tuple(self.root_nodes.tolist())
+
+
+# Listings make summaries by the thousand: setting the slots through their descriptors,
+# rather than through the frozen dataclass's __init__, takes half the time.
+_SUMMARY_SLOTS = tuple(vars(CallTreeSummary)[name].__set__ for name in ("path", "final_nodes", "root_nodes"))
+
+
+def _summary(path: tuple[str, ...], finals: Ints, roots: Ints) -> CallTreeSummary:
+    """``CallTreeSummary(path, finals, roots)``, made faster."""
+    summary = object.__new__(CallTreeSummary)
+    set_path, set_finals, set_roots = _SUMMARY_SLOTS
+    set_path(summary, path)
+    set_finals(summary, finals)
+    set_roots(summary, roots)
+    return summary
 
 
 @dataclass
@@ -80,12 +119,12 @@ _MAX_EXAMPLE_LENGTH = 200
 _CUM_CACHE_SIZE = 100_000
 #: and how many totals of lists of summaries, and prefix totals of lists
 _TOTAL_CACHE_SIZE = 1_000
-#: how many outermost occurrences the incremental prefix totals keep before batches are cheaper
-#: (an insertion moves up to this many list slots; a popular function's first
-#: few dozen callers on a million-node tree hold some 40 000 outermost occurrences)
-_MAX_OUTERMOST = 1 << 16
 #: and how many extension listings (each a few thousand summaries at most)
 _EXTENSION_CACHE_SIZE = 16
+#: how many summaries the first batch of lazily worked out prefix totals has (then twice as many, and so on)
+_FIRST_BATCH = 16
+#: keys below this are sorted as 16-bit ints, which numpy's stable sort does by radix, in one pass
+_RADIX_LIMIT = 1 << 16
 # "qualname (file.py:12)" (dyper, py-spy): the line number inside the parentheses.
 _PAREN_LINE = re.compile(r" \((?P<file>[^(]*):\d+\)$")
 # "file.py:function:12" (Austin): a trailing line number.
@@ -95,6 +134,7 @@ _LINE_FRAME = re.compile(r"L\d+")
 _AUSTIN_PROCESS = re.compile(r"P\d+")
 # Name id of a frame that names no function (Austin's "L12" line frames, by function).
 _DROPPED = -1
+_NO_INTS: Ints = np.zeros(0, np.int64)
 
 
 def function_key(frame: str) -> str:
@@ -120,15 +160,17 @@ class _TreeBuilder:
 
     Nodes are created in the order stacks mention them, which puts every parent
     before its children but does not make subtrees contiguous; :meth:`finish`
-    computes subtree sizes and lays the nodes out in preorder.
+    computes subtree sizes and lays the nodes out in preorder. The per-node
+    columns are ``array('q')``, which numpy takes over without a conversion.
     """
 
     def __init__(self) -> None:
         self.names: list[str] = []
         self.name_ids: dict[str, int] = {}
-        self.parent: list[NodeId] = []
-        self.name: list[int] = []
-        self.cost: list[int] = []
+        self.parent = array("q")
+        self.name = array("q")
+        self.cost = array("q")
+        self.depth = array("q")
         # (parent + 1) << 32 | name id -> child; parent -1 stands for "no parent" (a root).
         self.children: dict[int, NodeId] = {}
 
@@ -148,6 +190,7 @@ class _TreeBuilder:
             self.parent.append(node)
             self.name.append(nid)
             self.cost.append(0)
+            self.depth.append(self.depth[node] + 1 if node >= 0 else 0)
         return child
 
     def add(self, stack: Iterable[int], cost: int) -> None:
@@ -159,61 +202,79 @@ class _TreeBuilder:
             self.cost[node] += cost
 
     def finish(self) -> CallTreeProfile:
-        parent, name, cost = self.parent, self.name, self.cost
+        """The profile, with the nodes renumbered in preorder (children in the order they were created).
+
+        Every step is a whole-array operation, or one per depth of the tree:
+        subtree sizes are summed level by level from the deepest up, chain
+        costs and preorder positions are pushed level by level from the roots down.
+        """
+        self.children.clear()  # only needed while growing; free it before the arrays exist
+        parent = _ints(self.parent)  # -1: a root
+        name = _ints(self.name)
+        cost = _ints(self.cost)
+        levels = _levels(_ints(self.depth))
+        del self.parent, self.name, self.cost, self.depth
         n = len(parent)
-        self.children.clear()  # only needed while growing; free it before the new lists exist
-        # Children come after their parent: one backward pass sums subtree
-        # sizes and cum-costs, one forward pass sums chain costs from the root.
-        size = [1] * n
-        cum = list(cost)
-        for i in range(n - 1, -1, -1):
-            p = parent[i]
-            if p >= 0:
-                size[p] += size[i]
-                cum[p] += cum[i]
-        # Preorder position of each node: a node's subtree starts where its parent
-        # says the next free slot is, and occupies size[] slots.
-        position = [0] * n
-        next_free = [0] * n
-        chain_cost = list(cost)
-        next_root = 0
-        for i in range(n):
-            p = parent[i]
-            if p < 0:
-                at = next_root
-                next_root += size[i]
-            else:
-                at = next_free[p]
-                next_free[p] = at + size[i]
-                chain_cost[i] += chain_cost[p]
-            position[i] = at
-            next_free[i] = at + 1
-        del next_free
-        if position == list(range(n)):
-            # Stacks came sorted or in DFS order (dyper's and flamegraph's
-            # collapsed files do): nodes were created in preorder already.
-            tree = _Tree(
-                self.names,
-                [p if p >= 0 else n for p in parent],  # n: the virtual root, see CallTreeProfile
-                name,
-                cost,
-                [i + s for i, s in enumerate(size)],
-                cum,
-                chain_cost,
-            )
-            return CallTreeProfile(tree)
-        tree = _Tree(self.names, [n] * n, [0] * n, [0] * n, [0] * n, [0] * n, [0] * n)
-        for i in range(n):
-            at = position[i]
-            p = parent[i]
-            if p >= 0:
-                tree.parent[at] = position[p]
-            tree.name[at] = name[i]
-            tree.cost[at] = cost[i]
-            tree.end[at] = at + size[i]
-            tree.cum[at] = cum[i]
-            tree.chain_cost[at] = chain_cost[i]
+        size = np.ones(n, np.int64)
+        for nodes in reversed(levels[1:]):
+            np.add.at(size, parent[nodes], size[nodes])
+        chain_cost = cost.copy()
+        for nodes in levels[1:]:
+            chain_cost[nodes] += chain_cost[parent[nodes]]
+        position = _preorder_positions(parent, size, levels)
+        ids = np.arange(n, dtype=np.int64)
+        if not np.array_equal(position, ids):
+            # Stacks came in no particular order; dyper's and flamegraph's collapsed
+            # files come sorted, and then nodes were created in preorder already.
+            at = np.empty(n, np.int64)
+            at[position] = ids  # at[p]: the node laid out at preorder position p
+            parent = np.where(parent >= 0, position[parent], -1)[at]
+            name, cost, size, chain_cost = name[at], cost[at], size[at], chain_cost[at]
+        end = ids + size
+        running = np.concatenate((np.zeros(1, np.int64), np.cumsum(cost)))
+        tree = _Tree(
+            self.names,
+            np.where(parent >= 0, parent, n),  # n: the virtual root, see CallTreeProfile
+            name,
+            cost,
+            end,
+            running[end] - running[ids],  # a subtree is an interval: its cost is a difference of running sums
+            chain_cost,
+        )
         return CallTreeProfile(tree)
+
+
+def _ints(column: array[int]) -> Ints:
+    return np.frombuffer(column, dtype=np.int64).copy() if len(column) else np.zeros(0, np.int64)
+
+
+def _levels(depth: Ints) -> list[Ints]:
+    """The nodes at each depth, shallowest first, each level in node order."""
+    if not len(depth):
+        return []
+    counts = np.bincount(depth)
+    return np.split(_stable_order(depth, len(counts)), np.cumsum(counts)[:-1])
+
+
+def _preorder_positions(parent: Ints, size: Ints, levels: list[Ints]) -> Ints:
+    """Where each node goes in preorder, children in node order.
+
+    A node's subtree starts one past its parent's position, after the subtrees
+    of its earlier siblings; a root's, after the subtrees of the earlier roots.
+    """
+    n = len(parent)
+    siblings = np.argsort(parent, kind="stable")  # grouped by parent, in node order; the roots (-1) first
+    sizes = size[siblings]
+    before = np.cumsum(sizes) - sizes
+    grouped = parent[siblings]
+    first = np.ones(n, bool)
+    first[1:] = grouped[1:] != grouped[:-1]
+    group_start = np.maximum.accumulate(np.where(first, np.arange(n), 0))
+    position = np.empty(n, np.int64)
+    position[siblings] = before - before[group_start]  # the roots' positions already
+    for nodes in levels[1:]:
+        position[nodes] += position[parent[nodes]] + 1
+    return position
 
 
 @dataclass
@@ -227,12 +288,175 @@ class _Tree:
     """
 
     names: list[str]
-    parent: list[NodeId]
-    name: list[int]
-    cost: list[int]
-    end: list[NodeId]
-    cum: list[int]
-    chain_cost: list[int]
+    parent: Ints
+    name: Ints
+    cost: Ints
+    end: Ints
+    cum: Ints
+    chain_cost: Ints
+
+
+class ExtensionListing:
+    """Every one-name extension of a path at one end (top: callers, bottom: callees), in one pair of arrays.
+
+    Extension ``i`` adds the name ``names[i]`` (its rank in the profile's string
+    order is ``ranks[i]``; listings are in path order, which is the order of
+    these names). Its final and root nodes are ``finals[bounds[i]:bounds[i + 1]]``
+    (and ``roots``). Its summary is made when first asked for, holding views of
+    the arrays: zooming ranks thousands of extensions and shows a few.
+
+    ``separate``: the occurrences of the extensions are occurrences of the path
+    that share no node, and one below another's final node lies wholly in that
+    subtree (see :meth:`CallTreeProfile._top_extension_prefixes`), so each can
+    be counted on its own. Package-internal: :class:`CallTreeProfile` and
+    :class:`~monitor.search.comparative.ComparativeProfile` use it.
+    """
+
+    def __init__(
+        self,
+        path: tuple[str, ...],
+        at_top: bool,
+        names: list[str],
+        ranks: Ints,
+        finals: Ints,
+        roots: Ints,
+        bounds: Ints,
+        separate: bool,
+    ) -> None:
+        self.path = path
+        self.at_top = at_top
+        self.names = names
+        self.ranks = ranks
+        self.finals = finals
+        self.roots = roots
+        self.bounds = bounds
+        self.separate = separate
+        self._starts: list[int] = bounds.tolist()
+        self._summaries: list[CallTreeSummary | None] = [None] * len(names)
+        self._all: list[CallTreeSummary] | None = None  # _summaries, once every one is made
+        self._index: dict[str, int] | None = None
+        #: the extensions' cums, once worked out (:meth:`CallTreeProfile._listing_cums`)
+        self.cums: Ints | None = None
+        #: the extensions by cum, once zooming asked for them (:meth:`CallTreeProfile.ranked_extensions`)
+        self.ranked: RankedListing | None = None
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def extended_path(self, i: int) -> tuple[str, ...]:
+        return (self.names[i], *self.path) if self.at_top else (*self.path, self.names[i])
+
+    def summary(self, i: int) -> CallTreeSummary:
+        """The summary of extension ``i``."""
+        s = self._summaries[i]
+        if s is None:
+            a, b = self._starts[i], self._starts[i + 1]
+            s = self._summaries[i] = _summary(self.extended_path(i), self.finals[a:b], self.roots[a:b])
+        return s
+
+    def summaries(self) -> list[CallTreeSummary]:
+        """The summary of every extension, in path order."""
+        if self._all is None:
+            made, starts, finals, roots, path = self._summaries, self._starts, self.finals, self.roots, self.path
+            for i, name in enumerate(self.names):
+                if made[i] is None:
+                    a, b = starts[i], starts[i + 1]
+                    extended = (name, *path) if self.at_top else (*path, name)
+                    made[i] = _summary(extended, finals[a:b], roots[a:b])
+            self._all = cast("list[CallTreeSummary]", made)
+        return list(self._all)
+
+    def index(self, name: str) -> int | None:
+        """Which extension adds ``name``, if one does."""
+        if self._index is None:
+            self._index = {m: i for i, m in enumerate(self.names)}
+        return self._index.get(name)
+
+    def group_of_occurrences(self) -> Ints:
+        """The extension of each occurrence in ``finals``."""
+        return _group_of(self.bounds)
+
+
+class RankedListing:
+    """A listing's extensions by descending cum, ties by path: what :func:`~monitor.search.zoom.zoom` goes through.
+
+    ``cums`` in that order; :meth:`summaries` makes only the summaries asked
+    for; :meth:`prefix_totals` works out the totals of the first 16 summaries,
+    then 32, 64 and so on, while they are asked for (zooming stops at the first
+    that reaches its bound, usually early).
+    """
+
+    def __init__(self, profile: CallTreeProfile, listing: ExtensionListing) -> None:
+        cums = profile._listing_cums(listing)  # never negative: |cum| is cum
+        # A stable sort: the listing is in path order, so ties stay in it.
+        self.order = np.argsort(-cums, kind="stable")
+        self.cums: list[int] = cums[self.order].tolist()
+        #: the place of each extension in the ranking
+        self.place = np.empty(len(listing), np.int64)
+        self.place[self.order] = np.arange(len(listing))
+        self._profile = profile
+        self._listing = listing
+        self._totals: list[int] = []
+
+    def summaries(self, count: int | None = None) -> list[CallTreeSummary]:
+        """The first ``count`` summaries (all of them by default)."""
+        return [self._listing.summary(i) for i in self.order[:count].tolist()]
+
+    def prefix_totals(self) -> Iterator[int]:
+        """``total_cum_of`` of the first 1, 2, ... summaries, worked out in batches as they are asked for."""
+        for i in range(len(self.cums)):
+            if i == len(self._totals):
+                self._totals = self._profile._listing_prefix_totals(
+                    self._listing, self.place, _batch(i, len(self.cums))
+                ).tolist()
+            yield self._totals[i]
+
+
+class _OneNameListings:
+    """The extension listings at one end of every path of length 1, laid out at load: each listing is a slice.
+
+    Every search starts at a path of length 1 (suggesters rank them, zooming
+    starts at one), and the popular functions, whose listings are the longest
+    to work out, are among them. ``finals`` and ``roots`` hold the occurrences
+    of every extension ``[m, f]`` (at the top) or ``[f, m]`` (at the bottom),
+    sorted by ``f``, then by the rank of ``m``, then in preorder. Extension
+    ``g`` is ``finals[bounds[g]:bounds[g + 1]]`` (and ``roots``), adds the name
+    of rank ``ranks[g]`` and has the cum ``cums[g]``; the extensions of the
+    name ``f`` are ``g = first[f] .. first[f + 1] - 1``.
+    """
+
+    def __init__(self, finals: Ints, roots: Ints, bounds: Ints, ranks: Ints, cums: Ints, first: Ints) -> None:
+        self.finals = finals
+        self.roots = roots
+        self.bounds = bounds
+        self.ranks = ranks
+        self.cums = cums
+        self.first = first
+
+    def listing(self, path: tuple[str, ...], nid: int, at_top: bool, sorted_names: list[str]) -> ExtensionListing:
+        """The listing of ``path`` = ``(names[nid],)``."""
+        g, h = int(self.first[nid]), int(self.first[nid + 1])
+        a, b = int(self.bounds[g]), int(self.bounds[h])
+        ranks = self.ranks[g:h]
+        names = [sorted_names[r] for r in ranks.tolist()]
+        listing = ExtensionListing(
+            path, at_top, names, ranks, self.finals[a:b], self.roots[a:b], self.bounds[g : h + 1] - a, separate=at_top
+        )
+        listing.cums = self.cums[g:h]
+        return listing
+
+    def ranks_of(self, nid: int) -> Ints:
+        """The ranks of the names that extend the name ``nid``."""
+        return self.ranks[self.first[nid] : self.first[nid + 1]]
+
+    def extension(self, nid: int, rank: int) -> tuple[Ints, Ints] | None:
+        """The final and root nodes of the extension of the name ``nid`` by the name of rank ``rank``, if any."""
+        g, h = int(self.first[nid]), int(self.first[nid + 1])
+        at = g + int(np.searchsorted(self.ranks[g:h], rank))
+        if at == h or self.ranks[at] != rank:
+            return None
+        a, b = int(self.bounds[at]), int(self.bounds[at + 1])
+        return self.finals[a:b], self.roots[a:b]
 
 
 class CallTreeProfile:
@@ -244,17 +468,13 @@ class CallTreeProfile:
     Node costs are never negative (a comparison of two profiles is
     :class:`~monitor.search.comparative.ComparativeProfile`).
 
-    Hot loops go through ``map``/``compress`` over the node lists rather than
-    Python-level loops where they can: a popular function can occur at 100 000
-    places of a million-node tree, and every operation touches each of them.
-
     A search asks for the same numbers repeatedly (zooming ranks a summary's
     extensions by cum, the listing shows those cums, every selection is
     overlapped with the same labels), so cums, totals, prefix totals and
     extension listings are cached by path, in bounded caches that start over
     when full. Summaries hash by path, and a path means one set of occurrences
     in one profile, so a cached answer is the answer. :meth:`clear_caches`
-    empties them (benchmarks of cold calls).
+    empties them (benchmarks of cold calls); what is built at load stays.
     """
 
     #: adding summaries never lowers total_cum_of: all costs are >= 0
@@ -264,31 +484,44 @@ class CallTreeProfile:
         """Use :meth:`from_collapsed`, :meth:`from_profile` or :meth:`from_stacks`.
 
         The parent of a root is a virtual node, ``len(parent)``, with no name
-        (-1) and no cost, appended to the name, cost and chain-cost lists here,
+        (-1) and no cost, appended to the name, cost and chain-cost arrays here,
         so that looking up a parent's name or cost never needs a test for
         "is a root".
         """
         self.names: tuple[str, ...] = tuple(tree.names)
         self._name_ids = {s: i for i, s in enumerate(self.names)}
-        # One int object per node id and per name id, shared by every list that
-        # holds it: a third of the memory, and lookups that stay in the cache.
-        ids = list(range(len(tree.parent) + 1))
-        name_ids = list(range(len(self.names)))
-        self._parent = list(map(ids.__getitem__, tree.parent))
-        self._name = [*map(name_ids.__getitem__, tree.name), -1]
-        self._cost = [*tree.cost, 0]
-        self._end = list(map(ids.__getitem__, tree.end))
-        self._cum = tree.cum
-        self._chain_cost = [*tree.chain_cost, 0]
+        n, k = len(tree.parent), len(self.names)
+        self._parent = _frozen(tree.parent)
+        self._name = _frozen(np.append(tree.name, -1))
+        self._cost = _frozen(np.append(tree.cost, 0))
+        self._end = _frozen(tree.end)
+        self._cum = _frozen(tree.cum)
+        self._chain_cost = _frozen(np.append(tree.chain_cost, 0))
         # The cost of a node's strict ancestors, chain_cost[parent[n]]: the chain
         # part of an occurrence's cost is one lookup at each end, not two.
-        self._above = list(map(self._chain_cost.__getitem__, self._parent))
-        by_name: list[list[NodeId]] = [[] for _ in self.names]
-        for i, nid in zip(ids, tree.name, strict=False):  # ids has one more: the virtual root
-            by_name[nid].append(i)
-        # Sorted by construction (preorder), which the cum sweep needs.
-        self._by_name: list[tuple[NodeId, ...]] = [tuple(nodes) for nodes in by_name]
-        self._total = sum(self._cum[i] for i in self._tree_roots())
+        self._above = _frozen(self._chain_cost[self._parent])
+        # The nodes of each name, in preorder: name i's are _by_name[_name_start[i]:_name_start[i + 1]].
+        self._by_name = _frozen(_stable_order(tree.name, k))
+        self._name_start = _frozen(_bounds(np.bincount(tree.name, minlength=k)))
+        # The children of each node, in preorder: node p's are _children[_child_start[p]:_child_start[p + 1]]
+        # (the roots are the virtual root's, p = n).
+        self._children = _frozen(np.argsort(self._parent, kind="stable"))
+        self._child_start = _frozen(_bounds(np.bincount(self._parent, minlength=n + 1)))
+        # Listings are in path order, that is by the names' string order: name ids by rank in that
+        # order, and each name id's rank (the virtual root's name, -1, indexes the last slot: rank k,
+        # after every name, so that occurrences at a root of the tree sort last and are cut off).
+        by_string = sorted(range(k), key=self.names.__getitem__)
+        self._sorted_names = [self.names[i] for i in by_string]
+        self._name_by_rank = _frozen(np.array(by_string, dtype=np.int64))
+        rank = np.full(k + 1, k, np.int64)
+        rank[self._name_by_rank] = np.arange(k)
+        self._rank = _frozen(rank)
+        # The paths of length 1: every suggester ranks all of them, and zooming starts at one.
+        self._name_base = _frozen(_segment_sums(self._cost[self._by_name], self._name_start))
+        self._name_cum = _frozen(self._outermost_cums(self._by_name, self._by_name, self._name_start))
+        self._top_index = self._one_name_listings(at_top=True)
+        self._bottom_index = self._one_name_listings(at_top=False)
+        self._total = int(tree.cost.sum())
         # Path -> cum. A search asks for the same cums again and again (a selection
         # is zoomed, listed, then overlapped with the labels), and listing the
         # extensions of a summary works out theirs in bulk.
@@ -297,10 +530,8 @@ class CallTreeProfile:
         self._total_cums: dict[frozenset[tuple[str, ...]], int] = {}
         # List of paths -> total_cum_of_prefixes (zooming again asks for the same).
         self._prefix_totals: dict[tuple[tuple[str, ...], ...], list[int]] = {}
-        # ("top" or "bottom", path) -> the extension listing; and the listings whose
-        # cums are in the cum cache already.
-        self._extensions: dict[tuple[str, tuple[str, ...]], list[CallTreeSummary]] = {}
-        self._cums_listed: set[tuple[str, tuple[str, ...]]] = set()
+        # ("top" or "bottom", path) -> the extension listing.
+        self._extensions: dict[tuple[str, tuple[str, ...]], ExtensionListing] = {}
         #: set by :meth:`from_collapsed`
         self.collapsed_stats: CollapsedStats | None = None
 
@@ -451,12 +682,6 @@ class CallTreeProfile:
         """The cost of the whole tree."""
         return self._total
 
-    def _tree_roots(self) -> Iterator[NodeId]:
-        node = 0
-        while node < len(self._parent):
-            yield node
-            node = self._end[node]
-
     # --- summaries -------------------------------------------------------------------
 
     def summary(self, path: Sequence[str]) -> CallTreeSummary | None:
@@ -472,49 +697,62 @@ class CallTreeProfile:
             ids.append(nid)
         # Start from every node named like the path's end, then keep those whose
         # ancestors spell the rest of the path, walking up one name at a time.
-        finals = self._by_name[ids[-1]]
-        roots = finals
+        finals = roots = self._nodes_named(ids[-1])
         for nid in reversed(ids[:-1]):
             finals, roots = self._keep_with_parent(finals, roots, nid)
-            if not finals:
+            if not len(finals):
                 return None
         return CallTreeSummary(path, finals, roots)
 
-    def _keep_with_parent(
-        self, finals: tuple[NodeId, ...], roots: tuple[NodeId, ...], nid: int
-    ) -> tuple[tuple[NodeId, ...], tuple[NodeId, ...]]:
+    def _nodes_named(self, nid: int) -> Ints:
+        return self._by_name[self._name_start[nid] : self._name_start[nid + 1]]
+
+    def _keep_with_parent(self, finals: Ints, roots: Ints, nid: int) -> tuple[Ints, Ints]:
         """The occurrences whose root's parent is named ``nid``, extended up to that parent."""
-        parents = list(map(self._parent.__getitem__, roots))
-        keep = list(map(nid.__eq__, map(self._name.__getitem__, parents)))
-        return tuple(compress(finals, keep)), tuple(compress(parents, keep))
+        parents = self._parent[roots]
+        keep = self._name[parents] == nid
+        return _frozen(finals[keep]), _frozen(parents[keep])
 
     def path_of(self, summary: CallTreeSummary) -> tuple[str, ...]:
         return summary.path
 
     def initial_summaries(self) -> list[CallTreeSummary]:
         """One summary per function name in the tree, in name order."""
-        return [
-            CallTreeSummary((self.names[nid],), nodes, nodes)
-            for nid, nodes in sorted(enumerate(self._by_name), key=lambda item: self.names[item[0]])
-            if nodes
-        ]
+        start = self._name_start.tolist()
+        summaries = []
+        for nid in self._name_by_rank.tolist():
+            if start[nid + 1] > start[nid]:
+                nodes = self._by_name[start[nid] : start[nid + 1]]
+                summaries.append(CallTreeSummary((self.names[nid],), nodes, nodes))
+        return summaries
 
     def top_extensions(self, summary: CallTreeSummary) -> list[str]:
         """The names of the parents of the summary's roots: who calls the path's first call."""
-        ids = set(map(self._name.__getitem__, map(self._parent.__getitem__, summary.roots)))
-        ids.discard(-1)  # the virtual root: occurrences that start at a root of the tree
-        return sorted(self.names[i] for i in ids)
+        if len(summary.path) == 1:
+            return self._named(self._top_index.ranks_of(self._name_ids[summary.path[0]]))
+        return self._names_among(self._name[self._parent[summary.root_nodes]])
 
     def bottom_extensions(self, summary: CallTreeSummary) -> list[str]:
         """The names of the children of the summary's final nodes: what the path's last call calls."""
-        name, end = self._name, self._end
-        ids: set[int] = set()
-        for f in summary.finals:
-            child, stop = f + 1, end[f]
-            while child < stop:
-                ids.add(name[child])
-                child = end[child]
-        return sorted(self.names[i] for i in ids)
+        if len(summary.path) == 1:
+            return self._named(self._bottom_index.ranks_of(self._name_ids[summary.path[0]]))
+        children, _ = self._children_of(summary.final_nodes)
+        return self._names_among(self._name[children])
+
+    def _named(self, ranks: Ints) -> list[str]:
+        return [self._sorted_names[r] for r in ranks.tolist()]
+
+    def _names_among(self, name_ids: Ints) -> list[str]:
+        """The names of ``name_ids`` (-1, the virtual root's, left out), each once, in string order."""
+        present = np.zeros(len(self.names) + 1, bool)
+        present[name_ids] = True  # -1 marks the last slot, which no rank reads
+        return [self._sorted_names[r] for r in np.flatnonzero(present[self._name_by_rank]).tolist()]
+
+    def _children_of(self, nodes: Ints) -> tuple[Ints, Ints]:
+        """The children of ``nodes`` (each node's in preorder), and for each child its parent's index in ``nodes``."""
+        first = self._child_start[nodes]
+        counts = self._child_start[nodes + 1] - first
+        return self._children[_ranges(first, counts)], np.repeat(np.arange(len(nodes)), counts)
 
     def extend_top(self, summary: CallTreeSummary, name: str) -> CallTreeSummary:
         """The summary of ``[name] + path``; raises ``ValueError`` unless ``name`` is a top extension."""
@@ -535,8 +773,11 @@ class CallTreeProfile:
         nid = self._name_ids.get(name)
         if nid is None:
             return None
-        finals, roots = self._keep_with_parent(summary.finals, summary.roots, nid)
-        if not finals:
+        if len(summary.path) == 1:
+            found = self._top_index.extension(self._name_ids[summary.path[0]], int(self._rank[nid]))
+            return None if found is None else CallTreeSummary((name, *summary.path), *found)
+        finals, roots = self._keep_with_parent(summary.final_nodes, summary.root_nodes, nid)
+        if not len(finals):
             return None
         return CallTreeSummary((name, *summary.path), finals, roots)
 
@@ -545,119 +786,156 @@ class CallTreeProfile:
         nid = self._name_ids.get(name)
         if nid is None:
             return None
+        if len(summary.path) == 1:
+            found = self._bottom_index.extension(self._name_ids[summary.path[0]], int(self._rank[nid]))
+            return None if found is None else CallTreeSummary((*summary.path, name), *found)
         # The new final nodes are the nodes named `name` whose parent is a final
         # node of `summary`; going through the name's node list keeps them in preorder.
-        root_of = dict(zip(summary.finals, summary.roots, strict=True))
-        candidates = self._by_name[nid]
-        parents = list(map(self._parent.__getitem__, candidates))
-        keep = list(map(root_of.__contains__, parents))
-        finals = tuple(compress(candidates, keep))
-        if not finals:
+        candidates = self._nodes_named(nid)
+        parents = self._parent[candidates]
+        finals = summary.final_nodes
+        at = np.minimum(np.searchsorted(finals, parents), len(finals) - 1)
+        keep = finals[at] == parents
+        if not keep.any():
             return None
-        roots = tuple(map(root_of.__getitem__, compress(parents, keep)))
-        return CallTreeSummary((*summary.path, name), finals, roots)
+        return CallTreeSummary((*summary.path, name), _frozen(candidates[keep]), _frozen(summary.root_nodes[at[keep]]))
 
     def top_extension_summaries(self, summary: CallTreeSummary) -> list[CallTreeSummary]:
         """Every top extension of ``summary`` as a summary, grouped in one pass over its roots."""
-        return self._extensions_cached("top", summary, self._top_extension_summaries)
+        return self._listing(summary, at_top=True).summaries()
 
     def bottom_extension_summaries(self, summary: CallTreeSummary) -> list[CallTreeSummary]:
         """Every bottom extension of ``summary`` as a summary, grouped in one pass over the children of its finals."""
-        return self._extensions_cached("bottom", summary, self._bottom_extension_summaries)
+        return self._listing(summary, at_top=False).summaries()
 
-    def _extensions_cached(
-        self,
-        end: Literal["top", "bottom"],
-        summary: CallTreeSummary,
-        compute: Callable[[CallTreeSummary], list[CallTreeSummary]],
-    ) -> list[CallTreeSummary]:
-        """The extension listing, from the cache if this path was listed lately (zooming back, re-selecting).
+    def ranked_extensions(self, summary: CallTreeSummary, direction: Literal["top", "bottom"]) -> RankedListing:
+        """The extensions of ``summary`` at one end by descending cum, ties by path (see :class:`RankedListing`).
 
-        A copy is returned: callers may sort or trim the list they get.
+        What :func:`~monitor.search.zoom.zoom` asks for at each level instead of
+        a list of summaries: their cums come out of one pass over the listing's
+        occurrences, and only the summaries it shows are made.
         """
-        key = (end, summary.path)
-        listed = self._extensions.get(key)
-        if listed is None:
-            listed = compute(summary)
+        listing = self._listing(summary, at_top=direction == "top")
+        if listing.ranked is None:
+            listing.ranked = RankedListing(self, listing)
+        return listing.ranked
+
+    def _listing(self, summary: CallTreeSummary, at_top: bool) -> ExtensionListing:
+        """The extension listing, from the cache if this path was listed lately (zooming back, re-selecting)."""
+        key = ("top" if at_top else "bottom", summary.path)
+        listing = self._extensions.get(key)
+        if listing is None:
+            listing = self._top_listing(summary) if at_top else self._bottom_listing(summary)
             if len(self._extensions) >= _EXTENSION_CACHE_SIZE:
                 self._extensions.clear()
-                self._cums_listed.clear()
-            self._extensions[key] = listed
-        return list(listed)
+            self._extensions[key] = listing
+        return listing
 
-    def _top_extension_summaries(self, summary: CallTreeSummary) -> list[CallTreeSummary]:
-        parents = list(map(self._parent.__getitem__, summary.roots))
-        groups: dict[int, list[int]] = {}  # parent's name -> indexes of the occurrences
-        for i, nid in enumerate(map(self._name.__getitem__, parents)):
-            if nid in groups:
-                groups[nid].append(i)
-            else:
-                groups[nid] = [i]
-        groups.pop(-1, None)  # occurrences at a root of the tree have no caller
-        finals = summary.finals
-        extended = [
-            CallTreeSummary(
-                (self.names[nid], *summary.path),
-                tuple(map(finals.__getitem__, indexes)),
-                tuple(map(parents.__getitem__, indexes)),
-            )
-            for nid, indexes in groups.items()
-        ]
-        extended.sort(key=lambda s: s.path)
-        return extended
+    def _top_listing(self, summary: CallTreeSummary) -> ExtensionListing:
+        if len(summary.path) == 1:
+            return self._top_index.listing(summary.path, self._name_ids[summary.path[0]], True, self._sorted_names)
+        parents = self._parent[summary.root_nodes]
+        ranks = self._rank[self._name[parents]]
+        # A stable sort by the caller's name keeps each caller's occurrences in preorder.
+        order = _stable_order(ranks, len(self.names) + 1)
+        ranks = ranks[order]
+        called = int(np.searchsorted(ranks, len(self.names)))  # the rest start at a root: no caller
+        order = order[:called]
+        return self._grouped(summary.path, True, summary.final_nodes[order], parents[order], ranks[:called])
 
-    def _bottom_extension_summaries(self, summary: CallTreeSummary) -> list[CallTreeSummary]:
-        name, end = self._name, self._end
-        groups: dict[int, tuple[list[NodeId], list[NodeId]]] = {}  # callee's name -> (its nodes, their roots)
-        for f, r in zip(summary.finals, summary.roots, strict=True):
-            child, stop = f + 1, end[f]
-            while child < stop:
-                group = groups.get(name[child])
-                if group is None:
-                    group = groups[name[child]] = ([], [])
-                group[0].append(child)
-                group[1].append(r)
-                child = end[child]
-        extended = []
-        for nid, (finals, roots) in groups.items():
-            if any(map(lt, islice(finals, 1, None), finals)):
-                # Under recursion a final node can lie inside another's subtree,
-                # so children of different finals interleave: restore preorder.
-                order = sorted(range(len(finals)), key=finals.__getitem__)
-                finals = list(map(finals.__getitem__, order))
-                roots = list(map(roots.__getitem__, order))
-            extended.append(CallTreeSummary((*summary.path, self.names[nid]), tuple(finals), tuple(roots)))
-        extended.sort(key=lambda s: s.path)
-        return extended
+    def _bottom_listing(self, summary: CallTreeSummary) -> ExtensionListing:
+        if len(summary.path) == 1:
+            return self._bottom_index.listing(summary.path, self._name_ids[summary.path[0]], False, self._sorted_names)
+        children, parent_at = self._children_of(summary.final_nodes)
+        roots = summary.root_nodes[parent_at]
+        if len(children) > 1 and bool((children[1:] < children[:-1]).any()):
+            # Under recursion a final node can lie inside another's subtree,
+            # so children of different finals interleave: restore preorder.
+            order = np.argsort(children)
+            children, roots = children[order], roots[order]
+        ranks = self._rank[self._name[children]]
+        order = _stable_order(ranks, len(self.names) + 1)
+        return self._grouped(summary.path, False, children[order], roots[order], ranks[order])
 
-    def _remember_listed_cums(self, summary: CallTreeSummary) -> None:
-        """If ``summary`` is in a cached extension listing, put the cums of that listing in the cum cache.
+    def _grouped(self, path: tuple[str, ...], at_top: bool, finals: Ints, roots: Ints, ranks: Ints) -> ExtensionListing:
+        """One extension per run of equal name ranks (``ranks`` sorted; each run's nodes in preorder)."""
+        firsts = np.flatnonzero(ranks[1:] != ranks[:-1]) + 1
+        bounds = np.concatenate((np.zeros(min(len(ranks), 1), np.int64), firsts, [len(ranks)]))
+        ranks = _frozen(ranks[bounds[:-1]])
+        names = [self._sorted_names[r] for r in ranks.tolist()]
+        # At the top, see _siblings_at_top: the callers are distinct names.
+        separate = at_top and len(set(path)) == len(path) and not bool(np.isin(ranks, self._ranks(path[:-1])).any())
+        return ExtensionListing(path, at_top, names, ranks, _frozen(finals), _frozen(roots), bounds, separate)
+
+    def _ranks(self, names: Iterable[str]) -> Ints:
+        return self._rank[[self._name_ids[name] for name in names]]
+
+    def _listed_cum(self, path: tuple[str, ...]) -> int | None:
+        """The cum of ``path`` if it extends a path listed lately (worked out then with all of the listing's)."""
+        for key, name in ((("top", path[1:]), path[0]), (("bottom", path[:-1]), path[-1])):
+            listing = self._extensions.get(key)
+            if listing is not None:
+                i = listing.index(name)
+                if i is not None:
+                    return int(self._listing_cums(listing)[i])
+        return None
+
+    def _listing_cums(self, listing: ExtensionListing) -> Ints:
+        """The cum of every extension of a listing, worked out together the first time.
 
         Zooming ranks every extension by cum, and a popular function has
-        thousands: worked out here together, when the first is asked for, each
-        is a few passes over its occurrences, without a call through
-        :meth:`cum_of` apiece (and a listing nobody ranks costs nothing more).
-        That applies where :meth:`_outermost_cum` does: when the extended path
-        repeats no name, or at the top when the caller's name is the path's
-        last one: then the caller's node is the other occurrence's final node,
-        below which the occurrence lies (see :meth:`_top_extension_prefixes`).
+        thousands. :meth:`_outermost_cums` where it applies, as in
+        :meth:`_cum_of`: to an extension that occurs once, or whose path
+        repeats no name; and at the top, to one whose caller's name is the
+        path's last one, which otherwise it does not repeat: then the caller's
+        node is the other occurrence's final node, below which the occurrence
+        lies (see :meth:`_top_extension_prefixes`). The others (recursion) go
+        through :meth:`_cums_of_sets`, all together, with their interior nodes.
         """
-        for at_top, key in ((True, ("top", summary.path[1:])), (False, ("bottom", summary.path[:-1]))):
-            if key in self._cums_listed:
-                continue
-            extended = self._extensions.get(key)
-            if extended is not None:
-                self._cums_listed.add(key)
-                self._remember_cums(extended, key[1], at_top)
+        if listing.cums is not None:
+            return listing.cums
+        path, bounds = listing.path, listing.bounds
+        sizes = np.diff(bounds)
+        if len(set(path)) == len(path):
+            general = np.isin(listing.ranks, self._ranks(path[:-1] if listing.at_top else path))
+        else:
+            general = np.ones(len(listing), bool)
+        general &= sizes > 1
+        cums = self._outermost_cums(listing.finals, listing.roots, bounds)
+        if general.any():
+            which = np.flatnonzero(general)
+            finals = listing.finals[general[listing.group_of_occurrences()]]
+            sub_bounds = _bounds(sizes[which])
+            interior, group = self._grouped_interiors(finals, _group_of(sub_bounds), len(path) + 1)
+            cums[which] = self._cums_of_sets(finals, sub_bounds, interior, group)
+        listing.cums = _frozen(cums)
+        return listing.cums
 
-    def _remember_cums(self, extended: list[CallTreeSummary], path: tuple[str, ...], at_top: bool) -> None:
-        if len(set(path)) != len(path):
-            return  # every extension repeats a name
-        blocked = set(path[:-1] if at_top else path)
-        outermost_cum, cums = self._outermost_cum, self._cums
-        for e in extended:
-            if (e.path[0] if at_top else e.path[-1]) not in blocked:
-                self._remember(cums, e.path, outermost_cum(e.finals, e.roots))
+    def _grouped_interiors(self, finals: Ints, group: Ints, length: int) -> tuple[Ints, Ints]:
+        """The interior nodes of occurrences of ``length``-long paths, each once per group, with their groups."""
+        width = len(self._parent) + 1
+        keys = _distinct(self._chains(finals, length) + np.tile(group * width, length - 1))
+        return keys % width, keys // width
+
+    def _listing_prefix_totals(self, listing: ExtensionListing, place: Ints, count: int) -> Ints:
+        """``total_cum_of`` of the first 1 .. ``count`` extensions of a listing, extension i coming at ``place[i]``.
+
+        Extensions placed at ``count`` or after are left out. The occurrences
+        of a listing's extensions are distinct, so each final node's index is
+        its extension's place; otherwise as :meth:`_nested_prefixes`, or as
+        :meth:`_top_extension_prefixes` for ``separate`` occurrences.
+        """
+        index = place[listing.group_of_occurrences()]
+        chosen = index < count
+        finals, roots, index = listing.finals[chosen], listing.roots[chosen], index[chosen]
+        order = np.argsort(finals)
+        finals, roots, index = finals[order], roots[order], index[order]
+        if listing.separate:
+            values = self._cum[finals] + self._above[finals] - self._above[roots]
+            return self._counted_prefixes(finals, index, values, _NO_INTS, _NO_INTS, count)
+        length = len(listing.path) + 1
+        interior, first = _first_of(self._chains(finals, length), np.tile(index, length - 1), count + 1)
+        return self._counted_prefixes(finals, index, self._cum[finals], interior, first, count)
 
     def trim_top(self, summary: CallTreeSummary) -> CallTreeSummary | None:
         """The summary of ``path[1:]`` (it occurs at least wherever ``path`` does); ``None`` for a 1-long path."""
@@ -675,17 +953,15 @@ class CallTreeProfile:
 
     def base_of(self, summary: CallTreeSummary) -> int:
         """The cost of along(s): the nodes on every occurrence of the path, each counted once."""
-        cost = self._cost
-        if len(summary.path) == 1:
-            return sum(map(cost.__getitem__, summary.finals))
-        if len(set(summary.path)) == len(summary.path):
+        path = summary.path
+        if len(path) == 1:
+            return int(self._name_base[self._name_ids[path[0]]])
+        if len(set(path)) == len(path):
             # Occurrences of a path without a repeated name never share a node
             # (two sharing one would put its name at two places in the path), so
             # each occurrence's cost is a difference of chain costs.
-            return sum(map(self._chain_cost.__getitem__, summary.finals)) - sum(
-                map(self._above.__getitem__, summary.roots)
-            )
-        return sum(map(cost.__getitem__, self._along([summary])))
+            return int(self._chain_cost[summary.final_nodes].sum() - self._above[summary.root_nodes].sum())
+        return int(self._cost[self._along([summary])].sum())
 
     def clear_caches(self) -> None:
         """Forget the cums worked out so far (what a benchmark of cold calls needs)."""
@@ -693,7 +969,6 @@ class CallTreeProfile:
         self._total_cums.clear()
         self._prefix_totals.clear()
         self._extensions.clear()
-        self._cums_listed.clear()
 
     @staticmethod
     def _remember(cache: dict[tuple[str, ...], int], path: tuple[str, ...], value: int) -> int:
@@ -704,28 +979,23 @@ class CallTreeProfile:
 
     def cum_of(self, summary: CallTreeSummary) -> int:
         """The cost of along(s) and of every descendant of final(s), each node counted once."""
-        cached = self._cums.get(summary.path)
-        if cached is None and len(summary.path) > 1:
-            self._remember_listed_cums(summary)
-            cached = self._cums.get(summary.path)
+        path = summary.path
+        if len(path) == 1:
+            return int(self._name_cum[self._name_ids[path[0]]])
+        cached = self._cums.get(path)
         if cached is None:
-            cached = self._remember(self._cums, summary.path, self._cum_of(summary))
+            cached = self._listed_cum(path)
+        if cached is None:
+            cached = self._remember(self._cums, path, self._cum_of(summary))
         return cached
 
     def _cum_of(self, summary: CallTreeSummary) -> int:
-        finals, path = summary.finals, summary.path
-        if len(path) == 1:
-            return self._outermost_cum(finals, finals)
+        finals, path = summary.final_nodes, summary.path
         if len(finals) == 1 or len(set(path)) == len(path):
-            return self._outermost_cum(finals, summary.roots)
-        if self._nested(finals):
-            return self._cum_of_sets(finals, self._interior(summary))
-        # No final node is below another, so no node of an occurrence is below
-        # another occurrence's final node: the subtrees of the final nodes and
-        # the interior nodes are all disjoint.
-        return sum(map(self._cum.__getitem__, finals)) + sum(map(self._cost.__getitem__, self._interior(summary)))
+            return self._outermost_cum(finals, summary.root_nodes)
+        return self._cum_of_sets(finals, self._interior(summary))
 
-    def _outermost_cum(self, finals: Sequence[NodeId], roots: Sequence[NodeId]) -> int:
+    def _outermost_cum(self, finals: Ints, roots: Ints) -> int:
         """The cum of occurrences ``roots[i]`` .. ``finals[i]`` (``finals`` sorted) of a path that repeats no name.
 
         Such occurrences share no node (that would put a name at two places in
@@ -736,24 +1006,62 @@ class CallTreeProfile:
         """
         cum, above = self._cum, self._above
         if len(finals) == 1:
-            # Most extensions of a summary occur once or twice: no passes to set up.
-            final = finals[0]
-            return cum[final] + above[final] - above[roots[0]]
-        alone = roots is finals  # a path of length 1: occurrences are their final nodes
-        ends = list(map(self._end.__getitem__, finals))
-        if any(map(lt, islice(finals, 1, None), ends)):  # some final node is below another
-            # reach[i]: the furthest subtree end among finals[:i]; reach[0] = -1 (none yet)
-            top_level = list(map(ge, finals, [-1, *accumulate(ends, max)]))
-            finals = list(compress(finals, top_level))
-            roots = finals if alone else list(compress(roots, top_level))
-        total = sum(map(cum.__getitem__, finals))
-        if alone:
-            return total
-        return total + sum(map(above.__getitem__, finals)) - sum(map(above.__getitem__, roots))
+            final = int(finals[0])
+            return int(cum[final] + above[final] - above[int(roots[0])])
+        reach = np.maximum.accumulate(self._end[finals])  # the furthest subtree end so far
+        if bool((finals[1:] < reach[:-1]).any()):  # some final node is below another
+            outermost = np.ones(len(finals), bool)
+            outermost[1:] = finals[1:] >= reach[:-1]
+            finals, roots = finals[outermost], roots[outermost]
+        return int(cum[finals].sum() + above[finals].sum() - above[roots].sum())
+
+    def _outermost_cums(self, finals: Ints, roots: Ints, bounds: Ints) -> Ints:
+        """:meth:`_outermost_cum` of every group ``finals[bounds[i]:bounds[i + 1]]`` (and ``roots``) at once.
+
+        Group ``i``'s nodes are shifted by ``i * (node count + 1)``, past every
+        node of the groups before, so that one running maximum of subtree ends
+        over all groups sees, within each group, only that group's own.
+        """
+        shift = _group_of(bounds) * (len(self._parent) + 1)
+        reach = np.maximum.accumulate(self._end[finals] + shift)
+        outermost = np.ones(len(finals), bool)
+        outermost[1:] = finals[1:] + shift[1:] >= reach[:-1]
+        values = self._cum[finals] + self._above[finals] - self._above[roots]
+        return _segment_sums(np.where(outermost, values, 0), bounds)
+
+    def _one_name_listings(self, at_top: bool) -> _OneNameListings:
+        """The extension listings of every path ``[f]`` of length 1 at one end, with their cums (see
+        :class:`_OneNameListings`): every node with a caller ends an occurrence of one extension,
+        ``[m, f]`` at the top (the node is f's, its caller m's) or ``[f, m]`` at the bottom (the
+        other way round). The occurrence's root is the caller either way."""
+        n, k = len(self._parent), len(self.names)
+        nodes = np.flatnonzero(self._parent < n)
+        parents = self._parent[nodes]
+        extended, added = (nodes, parents) if at_top else (parents, nodes)
+        owner, rank = self._name[extended], self._rank[self._name[added]]
+        # Two stable sorts: by the added name's rank, then by the extended name, keeping the first order within.
+        order = _stable_order(rank, k + 1)
+        order = order[_stable_order(owner[order], k)]
+        finals, roots, owner, rank = _frozen(nodes[order]), _frozen(parents[order]), owner[order], rank[order]
+        change = np.flatnonzero((owner[1:] != owner[:-1]) | (rank[1:] != rank[:-1])) + 1
+        bounds = _frozen(np.concatenate((np.zeros(min(len(finals), 1), np.int64), change, [len(finals)])))
+        ranks, owners = _frozen(rank[bounds[:-1]]), owner[bounds[:-1]]
+        cums = self._outermost_cums(finals, roots, bounds)
+        if not at_top:
+            # [f, f] repeats a name (recursion): as in _listing_cums, with the interior nodes, the roots.
+            sizes = np.diff(bounds)
+            general = (ranks == self._rank[owners]) & (sizes > 1)
+            occurrences = general[_group_of(bounds)]
+            sub_bounds = _bounds(sizes[general])
+            cums[general] = self._cums_of_sets(
+                finals[occurrences], sub_bounds, roots[occurrences], _group_of(sub_bounds)
+            )
+        first = _frozen(_bounds(np.bincount(owners, minlength=k)))
+        return _OneNameListings(finals, roots, bounds, ranks, _frozen(cums), first)
 
     def total_base_of(self, summaries: Iterable[CallTreeSummary]) -> int:
         """The cost of along(S), the union of along(s) over the summaries."""
-        return sum(map(self._cost.__getitem__, self._along(list(summaries))))
+        return int(self._cost[self._along(list(summaries))].sum())
 
     def total_cum_of(self, summaries: Iterable[CallTreeSummary]) -> int:
         """The cost of along(S) | descendants(S), each node counted once."""
@@ -779,137 +1087,75 @@ class CallTreeProfile:
     def _total_cum_of(self, summaries: list[CallTreeSummary]) -> int:
         if _siblings_at_top(summaries):
             return self._top_extension_prefixes(summaries)[-1]
-        interior: set[NodeId] = set()
-        for s in summaries:
-            interior |= self._interior(s)
-        # Each summary's final nodes are sorted already: the sort merges runs.
         # A node final in two summaries is kept twice, which the sweep allows.
-        return self._cum_of_sets(sorted(chain.from_iterable(s.finals for s in summaries)), interior)
+        finals = np.sort(np.concatenate([s.final_nodes for s in summaries]))
+        return self._cum_of_sets(finals, _distinct(np.concatenate([self._chain_of(s) for s in summaries])))
 
-    def _cum_of_sets(self, finals: Sequence[NodeId], interior: Iterable[NodeId]) -> int:
-        """The paper's formula: cum-cost of final(S) - descendants(S) plus cost of interior(S) - descendants(S).
+    def _cum_of_sets(self, finals: Ints, interior: Ints) -> int:
+        """:meth:`_cums_of_sets` of one group."""
+        return int(self._cums_of_sets(finals, np.array([0, len(finals)]), interior, np.zeros_like(interior))[0])
 
-        ``finals`` is sorted, repeats allowed. A node is in descendants(S) when
-        it lies before the furthest subtree end of the finals that precede it in
-        preorder: with those running maxima, both tests are a lookup per node.
-        A repeated final node lies before its own first copy's end, so it counts
-        once; an interior node (no repeats) that is also final is found with
-        its own end among those before it, so it counts only through the cum.
+    def _cums_of_sets(self, finals: Ints, bounds: Ints, interior: Ints, group: Ints) -> Ints:
+        """The paper's formula, for each group ``i`` of final nodes ``finals[bounds[i]:bounds[i + 1]]`` and the
+        interior nodes ``interior[group == i]``: cum-cost of final(S) - descendants(S) plus cost of interior(S) -
+        descendants(S).
+
+        Each group's final nodes are sorted, repeats allowed. A node is in
+        descendants(S) when it lies before the furthest subtree end of the
+        finals that precede it in preorder: with those running maxima, both
+        tests are a lookup per node. A repeated final node lies before its own
+        first copy's end, so it counts once; an interior node that is also
+        final is found with its own end among those before it, so it counts
+        only through the cum. Groups are shifted apart as in :meth:`_outermost_cums`.
         """
-        end, cum, cost = self._end, self._cum, self._cost
-        # reach[i]: the furthest subtree end among finals[:i]; reach[0] = -1 (none yet)
-        reach = [-1, *accumulate(map(end.__getitem__, finals), max)]
-        top_level = map(ge, finals, reach)  # not below an earlier final
-        total = sum(map(cum.__getitem__, compress(finals, top_level)))
-        interior = list(interior)
-        below = map(reach.__getitem__, map(bisect_right, repeat(finals), interior))
-        uncovered = map(ge, interior, below)
-        return total + sum(map(cost.__getitem__, compress(interior, uncovered)))
+        width = len(self._parent) + 1
+        shift = _group_of(bounds) * width
+        shifted = finals + shift
+        # reach[i]: the furthest subtree end among the first i finals; reach[0] = -1 (none yet)
+        reach = np.empty(len(finals) + 1, np.int64)
+        reach[0] = -1
+        np.maximum.accumulate(self._end[finals] + shift, out=reach[1:])
+        top_level = shifted >= reach[:-1]  # not below an earlier final
+        totals = _segment_sums(np.where(top_level, self._cum[finals], 0), bounds)
+        if len(interior):
+            at = interior + group * width
+            uncovered = at >= reach[np.searchsorted(shifted, at, side="right")]
+            np.add.at(totals, group[uncovered], self._cost[interior[uncovered]])
+        return totals
 
     def total_cum_of_prefixes(self, summaries: Sequence[CallTreeSummary]) -> list[int]:
         """``total_cum_of(summaries[:n])`` for n = 1, 2, ...: what zooming needs, in one pass.
 
-        When no final node of any summary is below another and no final node of
-        one is an interior node of another, the sets are disjoint except for
-        repeats, and each summary adds the cum-cost of its new final nodes and
-        the cost of its new interior nodes. Otherwise (recursion),
-        :meth:`_nested_prefixes` works out when each node starts to count.
+        Top extensions of one path (what zooming lists at the top, see
+        :func:`_siblings_at_top`) go through :meth:`_top_extension_prefixes`,
+        everything else through :meth:`_nested_prefixes`.
         """
         if not summaries:
             return []
         key = tuple(s.path for s in summaries)
         totals = self._prefix_totals.get(key)
         if totals is None:
-            totals = self._total_cum_of_prefixes(summaries)
+            if _siblings_at_top(summaries):
+                totals = self._top_extension_prefixes(summaries)
+            else:
+                totals = self._nested_prefixes(summaries)
             if len(self._prefix_totals) >= _TOTAL_CACHE_SIZE:
                 self._prefix_totals.clear()
             self._prefix_totals[key] = totals
         return list(totals)
 
-    def _total_cum_of_prefixes(self, summaries: Sequence[CallTreeSummary]) -> list[int]:
-        if _siblings_at_top(summaries):
-            return self._top_extension_prefixes(summaries)
-        interiors = [self._interior(s) for s in summaries]
-        all_finals: set[NodeId] = set()
-        for s in summaries:
-            all_finals.update(s.finals)
-        if self._nested(sorted(all_finals)) or any(not all_finals.isdisjoint(i) for i in interiors):
-            return self._nested_prefixes(summaries, interiors)
-        cum, cost = self._cum, self._cost
-        seen_finals: set[NodeId] = set()
-        seen_interior: set[NodeId] = set()
-        total = 0
-        totals = []
-        for s, interior in zip(summaries, interiors, strict=True):
-            new_finals = set(s.finals).difference(seen_finals)
-            seen_finals |= new_finals
-            new_interior = interior.difference(seen_interior)
-            seen_interior |= new_interior
-            total += sum(map(cum.__getitem__, new_finals)) + sum(map(cost.__getitem__, new_interior))
-            totals.append(total)
-        return totals
-
     def iter_total_cum_of_prefixes(self, summaries: Sequence[CallTreeSummary]) -> Iterator[int]:
-        """:meth:`total_cum_of_prefixes`, one total at a time, each worked out only when asked for.
+        """:meth:`total_cum_of_prefixes`, one total at a time, each batch worked out when it is asked for.
 
         Zooming stops at the first prefix that reaches its bound, usually a
-        short one of a long list. For top extensions of one path (what zooming
-        lists at the top, see :func:`_siblings_at_top`) each summary's occurrences
-        are added to the outermost ones counted so far; otherwise the totals come
-        from :meth:`total_cum_of_prefixes` on the first 2, 4, 8, ... summaries.
+        short one of a long list: the totals come from :meth:`total_cum_of_prefixes`
+        on the first 16 summaries, then 32, 64 and so on.
         """
         done = 0
-        if summaries and _siblings_at_top(summaries):
-            for total in self._iter_top_extension_prefixes(summaries):
-                yield total
-                done += 1
-        size = max(2, 2 * done)
         while done < len(summaries):
-            totals = self.total_cum_of_prefixes(summaries[:size])
+            totals = self.total_cum_of_prefixes(summaries[: _batch(done, len(summaries))])
             yield from totals[done:]
             done = len(totals)
-            size *= 2
-
-    def _iter_top_extension_prefixes(self, summaries: Sequence[CallTreeSummary]) -> Iterator[int]:
-        """The prefix totals of sibling top extensions, one summary at a time, for as long as that stays cheap.
-
-        As in :meth:`_top_extension_prefixes`, a prefix's total adds up the cums
-        of its outermost occurrences. Those are kept in preorder (starts, subtree
-        ends, cums): an occurrence inside one of them adds nothing, ever (the
-        set only grows); one outside adds its cum and replaces those inside its
-        subtree. Under recursion, as for a popular function, few occurrences are
-        outermost and most are answered by one bisection. When many are
-        (occurrences far apart), inserting into the lists gets dear: then this
-        stops, and :meth:`iter_total_cum_of_prefixes` goes on in batches.
-        """
-        cum, above, end = self._cum, self._above, self._end
-        starts: list[NodeId] = []
-        ends: list[NodeId] = []
-        values: list[int] = []
-        total = 0
-        for s in summaries:
-            finals = s.finals
-            own = map(
-                sub,
-                map(add, map(cum.__getitem__, finals), map(above.__getitem__, finals)),
-                map(above.__getitem__, s.roots),
-            )
-            for g, v in zip(finals, own, strict=True):
-                j = bisect_right(starts, g)
-                if j and ends[j - 1] > g:
-                    continue  # inside an occurrence counted already
-                g_end = end[g]
-                k = bisect_left(starts, g_end, j)
-                if k > j:  # outermost occurrences inside g's subtree: g's cum holds theirs now
-                    total -= sum(values[j:k])
-                    del starts[j:k], ends[j:k], values[j:k]
-                if len(starts) >= _MAX_OUTERMOST:
-                    return  # before this summary's total: the batches take over from it
-                starts.insert(j, g)
-                ends.insert(j, g_end)
-                values.insert(j, v)
-                total += v
-            yield total
 
     def _top_extension_prefixes(self, summaries: Sequence[CallTreeSummary]) -> list[int]:
         """The totals of every prefix of top extensions ``[m] + path`` of one path (see :func:`_siblings_at_top`).
@@ -921,159 +1167,217 @@ class CallTreeProfile:
         chain except as that final node itself, when ``m`` is the path's last
         name). So a prefix's total adds up, over the occurrences below no final
         node of the prefix, the occurrence's cum on its own: its final node's
-        cum plus its chain's cost. An occurrence of summary i counts from prefix
-        i until a final node above it joins, at the least index of those above
-        it; one sweep in preorder with a stack of the final nodes that count
-        finds that index, as in :meth:`_nested_prefixes`.
+        cum plus its chain's cost (see :meth:`_counted_prefixes`).
         """
         never = len(summaries)
-        cum, above, end = self._cum, self._above, self._end
-        nodes: list[NodeId] = []
-        index: list[int] = []
-        value: list[int] = []
-        for i, s in enumerate(summaries):
-            finals = s.finals
-            nodes += finals
-            index += repeat(i, len(finals))
-            # The occurrence's cum: its final node's, plus the chain from its root down to the final node's parent.
-            value += map(
-                sub,
-                map(add, map(cum.__getitem__, finals), map(above.__getitem__, finals)),
-                map(above.__getitem__, s.roots),
-            )
-        delta = [0] * (never + 1)
-        order = sorted(range(len(nodes)), key=nodes.__getitem__)
-        nodes = list(map(nodes.__getitem__, order))
-        if not self._nested(nodes):
-            # No occurrence below another: each summary adds its occurrences' cums.
-            for i, v in zip(index, value, strict=True):
-                delta[i] += v
-            return list(accumulate(delta[:never]))
-        stack_ends: list[NodeId] = []  # subtree ends of the final nodes that count and hold the current one
-        stack_index: list[int] = []  # and their summaries' indexes, decreasing
-        for g, i, v, g_end in zip(
-            nodes,
-            map(index.__getitem__, order),
-            map(value.__getitem__, order),
-            map(end.__getitem__, nodes),
-            strict=True,
-        ):
-            while stack_ends and stack_ends[-1] <= g:
-                stack_ends.pop()
-                stack_index.pop()
-            if stack_index:
-                held_from = stack_index[-1]
-                if i >= held_from:
-                    continue  # counted from `held_from` on, as part of that final node's subtree
-                delta[held_from] -= v
-            delta[i] += v
-            stack_ends.append(g_end)
-            stack_index.append(i)
-        return list(accumulate(delta[:never]))
+        finals = np.concatenate([s.final_nodes for s in summaries])
+        roots = np.concatenate([s.root_nodes for s in summaries])
+        index = np.repeat(np.arange(never), [len(s) for s in summaries])
+        order = np.argsort(finals)
+        finals, roots, index = finals[order], roots[order], index[order]
+        # The occurrence's cum: its final node's, plus the chain from its root down to the final node's parent.
+        values = self._cum[finals] + self._above[finals] - self._above[roots]
+        totals: list[int] = self._counted_prefixes(finals, index, values, _NO_INTS, _NO_INTS, never).tolist()
+        return totals
 
-    def _nested_prefixes(self, summaries: Sequence[CallTreeSummary], interiors: list[set[NodeId]]) -> list[int]:
-        """The totals of every prefix of ``summaries`` when final nodes nest.
+    def _nested_prefixes(self, summaries: Sequence[CallTreeSummary]) -> list[int]:
+        """The totals of every prefix of ``summaries``, whatever their final nodes and interiors share.
+
+        Each node counts from the first summary it is final in (with its
+        subtree) or along (on its own), see :meth:`_counted_prefixes`.
+        """
+        never = len(summaries)
+        finals, first_final = _first_index([s.final_nodes for s in summaries])
+        interior, first_interior = _first_index([self._interior(s) for s in summaries])
+        totals: list[int] = self._counted_prefixes(
+            finals, first_final, self._cum[finals], interior, first_interior, never
+        ).tolist()
+        return totals
+
+    def _counted_prefixes(
+        self, finals: Ints, index: Ints, values: Ints, interior: Ints, interior_index: Ints, never: int
+    ) -> Ints:
+        """The totals of the prefixes 1 .. ``never`` of a list of summaries, from when each node starts to count.
+
+        ``finals`` (sorted, distinct) are final nodes, each first final in
+        summary ``index`` and worth ``values`` with everything below it (its
+        cum, or an occurrence's cum); ``interior`` (distinct) are interior
+        nodes, each first along summary ``interior_index``. Index ``never``
+        stands for "never".
 
         Prefixes only grow, so a node, once counted, stays counted: node x
         counts from the first index t(x) at which it is along a summary or below
         one's final node, and the totals are the running sums of ``delta``,
         where ``delta[t(x)]`` adds up the cost of the nodes first counted there.
-        Index ``never`` = ``len(summaries)`` stands for "never".
-
-        Subtrees are not listed. A final node g first final at index i is
+        Subtrees are not listed. A final node g, first final at index i, is
         *effective* when no final node above it is final at an index <= i: its
         subtree starts to count at i, except for the subtrees of effective
-        final nodes below it, which start earlier and are taken out. One sweep
-        over the final nodes in preorder, with a stack of the effective ones
-        holding the current node, adds cum[g] at i and takes it away from the
-        index of the effective node above (which counted g's subtree until now).
-        Then an interior node x counts from the first index it is along, if
-        that is earlier than the index of the nearest effective final node
-        holding it: its cost moves to the earlier index.
+        final nodes below it, which start earlier and are taken out: its value
+        is added at i and taken away at the least index of the final nodes
+        above g (which counted g's subtree from then on). An interior node x
+        counts from the first index it is along, if that is earlier than the
+        least index of the final nodes holding it: its cost moves to the
+        earlier index. :class:`_Nesting` finds those least indexes.
         """
-        never = len(summaries)
-        end, cum, cost = self._end, self._cum, self._cost
-        # Node -> the first index it is final at (interior at): updating from the
-        # last summary to the first leaves each node its earliest index.
-        first_final: dict[NodeId, int] = {}
-        first_interior: dict[NodeId, int] = {}
-        for i in range(never - 1, -1, -1):
-            first_final.update(zip(summaries[i].finals, repeat(i)))
-            first_interior.update(zip(interiors[i], repeat(i)))
-        delta = [0] * (never + 1)
-        # The effective final nodes in preorder: node, subtree end, index, and the
-        # position (in these lists) of the nearest effective one above it (-1: none).
-        eff_nodes: list[NodeId] = []
-        eff_ends: list[NodeId] = []
-        eff_index: list[int] = []
-        eff_up: list[int] = []
-        stack: list[int] = []  # positions of the effective final nodes holding the current one
-        nodes = sorted(first_final)
-        for g, i, g_end in zip(nodes, map(first_final.__getitem__, nodes), map(end.__getitem__, nodes), strict=True):
-            while stack and eff_ends[stack[-1]] <= g:
-                stack.pop()
-            if stack:
-                up = stack[-1]
-                above = eff_index[up]
-                if i >= above:
-                    continue  # already counted, from the index of the final node above
-                delta[above] -= cum[g]
-            else:
-                up = -1
-            delta[i] += cum[g]
-            stack.append(len(eff_nodes))
-            eff_nodes.append(g)
-            eff_ends.append(g_end)
-            eff_index.append(i)
-            eff_up.append(up)
-        # Interior nodes: the last effective final node at or before x in preorder
-        # holds x, or one above it does (or none: x is counted from its own index only).
-        for x, a in first_interior.items():
-            j = bisect_right(eff_nodes, x) - 1
-            while j >= 0 and eff_ends[j] <= x:
-                j = eff_up[j]
-            held = eff_index[j] if j >= 0 else never
-            if a < held:
-                c = cost[x]
-                delta[a] += c
-                delta[held] -= c
-        return list(accumulate(delta[:never]))
+        delta = np.zeros(never + 1, np.int64)
+        nesting = _Nesting(finals, self._end[finals], index, never)
+        effective = index < nesting.above
+        values = values[effective]
+        np.add.at(delta, index[effective], values)
+        np.subtract.at(delta, nesting.above[effective], values)
+        if len(interior):
+            held = nesting.least_holding(interior)
+            earlier = interior_index < held
+            costs = self._cost[interior[earlier]]
+            np.add.at(delta, interior_index[earlier], costs)
+            np.subtract.at(delta, held[earlier], costs)
+        return np.cumsum(delta[:never])
 
-    def _nested(self, finals: Sequence[NodeId]) -> bool:
-        """Whether some node of ``finals`` (sorted) lies below another one.
+    def _chains(self, finals: Ints, length: int) -> Ints:
+        """The nodes above each final node on its occurrence of a ``length``-long path: the parents of
+        ``finals``, then their parents, and so on, ``length - 1`` rows one after the other."""
+        rows = []
+        node = finals
+        for _ in range(length - 1):
+            node = self._parent[node]
+            rows.append(node)
+        return np.concatenate(rows) if rows else _NO_INTS
 
-        In preorder, if any node is inside another's subtree then some node is
-        inside its predecessor's subtree, so neighbours are enough to check.
-        """
-        return any(map(lt, islice(finals, 1, None), map(self._end.__getitem__, finals)))
+    def _chain_of(self, summary: CallTreeSummary) -> Ints:
+        if len(summary.path) == 2:
+            return summary.root_nodes
+        return self._chains(summary.final_nodes, len(summary.path))
 
-    def _interior(self, summary: CallTreeSummary) -> set[NodeId]:
-        """The nodes of the summary's occurrences other than their final nodes.
+    def _interior(self, summary: CallTreeSummary) -> Ints:
+        """The nodes of the summary's occurrences other than their final nodes, sorted, each once.
 
         (The paper's interior(s) also leaves out nodes that are final in another
         occurrence; callers that need that subtract the finals.)
         """
-        if len(summary.path) == 1:
-            return set()
-        parent = self._parent
         if len(summary.path) == 2:
-            return set(summary.roots)
-        nodes: set[NodeId] = set()
-        for f, r in zip(summary.finals, summary.roots, strict=True):
-            n = parent[f]
-            nodes.add(n)
-            while n != r:
-                n = parent[n]
-                nodes.add(n)
-        return nodes
+            return summary.root_nodes  # distinct: each node has one child of a name
+        return _distinct(self._chain_of(summary))
 
-    def _along(self, summaries: list[CallTreeSummary]) -> set[NodeId]:
-        """along(S): every node of every occurrence."""
-        nodes: set[NodeId] = set()
-        for s in summaries:
-            nodes.update(s.finals)
-            nodes |= self._interior(s)
-        return nodes
+    def _along(self, summaries: list[CallTreeSummary]) -> Ints:
+        """along(S): every node of every occurrence, each once."""
+        if not summaries:
+            return _NO_INTS
+        return _distinct(np.concatenate([a for s in summaries for a in (s.final_nodes, self._chain_of(s))]))
+
+
+class _Nesting:
+    """Subtrees of distinct nodes, each with an index: the least index of those holding any node.
+
+    Subtrees are intervals of preorder that nest or are disjoint, so the nodes
+    form a forest under "holds". A node's *depth* here is how many of the others
+    hold it: the nodes before it minus those whose subtree ends before it. The
+    nearest node holding node j is the last one before j whose depth is one
+    less (one in between at that depth would start inside the holder and so be
+    held by it too). With the nodes sorted by (depth, position), finding it is a
+    bisection; the least index over a node and all that hold it is then pushed
+    down the forest one depth at a time.
+    """
+
+    def __init__(self, nodes: Ints, ends: Ints, index: Ints, never: int) -> None:
+        """``nodes`` sorted and distinct, ``ends`` their subtree ends; ``never`` stands for "no index"."""
+        self.nodes = nodes
+        self.never = never
+        self.ends = np.sort(ends)
+        count = len(nodes)
+        depth = np.arange(count) - np.searchsorted(self.ends, nodes, side="right")
+        levels = np.bincount(depth) if count else np.zeros(1, np.int64)
+        order = _stable_order(depth, len(levels))
+        self.width = count + 1
+        self.keys = (depth * self.width + np.arange(count))[order]  # sorted
+        #: the least index of the nodes holding each one (``never``: none does)
+        self.above = np.full(count, never, np.int64)
+        #: the least index of each node and the nodes holding it
+        self.least = index.copy()
+        bounds = _bounds(levels).tolist()
+        for d in range(1, len(levels)):
+            members = order[bounds[d] : bounds[d + 1]]
+            holder = self._last(np.full(len(members), d - 1), members)
+            self.above[members] = self.least[holder]
+            self.least[members] = np.minimum(index[members], self.above[members])
+
+    def _last(self, depth: Ints, position: Ints) -> Ints:
+        """For each pair, the last node at ``depth`` at or before ``position`` (one must exist)."""
+        found = np.searchsorted(self.keys, depth * self.width + position, side="right") - 1
+        return self.keys[found] - depth * self.width
+
+    def least_holding(self, queries: Ints) -> Ints:
+        """For each query node, the least index of the nodes whose subtree holds it, itself included."""
+        last = np.searchsorted(self.nodes, queries, side="right") - 1  # the last node at or before it
+        holders = (last + 1) - np.searchsorted(self.ends, queries, side="right")
+        least = np.full(len(queries), self.never, np.int64)
+        held = holders > 0
+        least[held] = self.least[self._last(holders[held] - 1, last[held])]
+        return least
+
+
+def _batch(done: int, count: int) -> int:
+    """How many of ``count`` prefix totals to work out when ``done`` are: the first batch, then twice as many."""
+    return min(count, max(_FIRST_BATCH, 2 * done, 1))
+
+
+def _frozen(values: Ints) -> Ints:
+    """``values``, made read-only: summaries and listings hand out views of the profile's arrays."""
+    values.flags.writeable = False
+    return values
+
+
+def _stable_order(keys: Ints, bound: int) -> Ints:
+    """The stable sort order of ``keys`` (all in ``0 .. bound - 1``): a radix sort when they fit in 16 bits."""
+    if bound <= _RADIX_LIMIT:
+        return np.argsort(keys.astype(np.uint16), kind="stable")
+    return np.argsort(keys, kind="stable")
+
+
+def _bounds(counts: Ints) -> Ints:
+    """Where each group starts when groups of ``counts`` elements follow each other, and where the last one ends."""
+    return np.concatenate((np.zeros(1, np.int64), np.cumsum(counts, dtype=np.int64)))
+
+
+def _group_of(bounds: Ints) -> Ints:
+    """The group of each element, for groups laid out as ``bounds`` says."""
+    return np.repeat(np.arange(len(bounds) - 1), np.diff(bounds))
+
+
+def _segment_sums(values: Ints, bounds: Ints) -> Ints:
+    """The sum of each group of ``values`` (empty groups allowed), exact in int64."""
+    running = np.concatenate((np.zeros(1, np.int64), np.cumsum(values, dtype=np.int64)))
+    return running[bounds[1:]] - running[bounds[:-1]]
+
+
+def _ranges(first: Ints, counts: Ints) -> Ints:
+    """``first[i] .. first[i] + counts[i] - 1`` for every i, one after the other."""
+    before = np.cumsum(counts) - counts
+    return np.repeat(first - before, counts) + np.arange(int(counts.sum()))
+
+
+def _distinct(values: Ints) -> Ints:
+    """The values sorted, each once (``np.unique`` without its overhead)."""
+    values = np.sort(values)
+    if len(values) > 1:
+        keep = np.ones(len(values), bool)
+        keep[1:] = values[1:] != values[:-1]
+        values = values[keep]
+    return values
+
+
+def _first_index(groups: Sequence[Ints]) -> tuple[Ints, Ints]:
+    """Every node of the groups, sorted, each once, with the index of the first group it is in."""
+    index = np.repeat(np.arange(len(groups)), [len(g) for g in groups])
+    return _first_of(np.concatenate(groups), index, len(groups) + 1)
+
+
+def _first_of(nodes: Ints, index: Ints, width: int) -> tuple[Ints, Ints]:
+    """The distinct ``nodes``, sorted, each with its least ``index`` (all below ``width``)."""
+    keys = np.sort(nodes * width + index)
+    nodes = keys // width
+    first = np.ones(len(keys), bool)
+    first[1:] = nodes[1:] != nodes[:-1]
+    return nodes[first], keys[first] - nodes[first] * width
 
 
 def _siblings_at_top(summaries: Sequence[CallTreeSummary]) -> bool:

@@ -15,16 +15,32 @@ from dataclasses import dataclass, field
 from operator import sub
 from typing import Literal
 
-from monitor.search.calltree import CallTreeProfile, CallTreeSummary
+import numpy as np
+
+from monitor.search.calltree import CallTreeProfile, CallTreeSummary, ExtensionListing, _batch
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ComparativeSummary:
     """A call sequence and its occurrences in A (``a``) and in B (``b``); ``None`` where it does not occur."""
 
     path: tuple[str, ...]
     a: CallTreeSummary | None = field(compare=False, repr=False)
     b: CallTreeSummary | None = field(compare=False, repr=False)
+
+
+# Listings make summaries by the thousand (see monitor.search.calltree._summary).
+_SUMMARY_SLOTS = tuple(vars(ComparativeSummary)[name].__set__ for name in ("path", "a", "b"))
+
+
+def _comparative(path: tuple[str, ...], a: CallTreeSummary | None, b: CallTreeSummary | None) -> ComparativeSummary:
+    """``ComparativeSummary(path, a, b)``, made faster."""
+    summary = object.__new__(ComparativeSummary)
+    set_path, set_a, set_b = _SUMMARY_SLOTS
+    set_path(summary, path)
+    set_a(summary, a)
+    set_b(summary, b)
+    return summary
 
 
 class ComparativeProfile:
@@ -105,13 +121,27 @@ class ComparativeProfile:
         return _merged(
             self.a.top_extension_summaries(summary.a) if summary.a is not None else [],
             self.b.top_extension_summaries(summary.b) if summary.b is not None else [],
+            at_top=True,
         )
 
     def bottom_extension_summaries(self, summary: ComparativeSummary) -> list[ComparativeSummary]:
         return _merged(
             self.a.bottom_extension_summaries(summary.a) if summary.a is not None else [],
             self.b.bottom_extension_summaries(summary.b) if summary.b is not None else [],
+            at_top=False,
         )
+
+    def ranked_extensions(self, summary: ComparativeSummary, direction: Literal["top", "bottom"]) -> RankedComparison:
+        """The extensions of ``summary`` at one end by descending ``|cum|``, ties by path: a :class:`RankedComparison`.
+
+        What :func:`~monitor.search.zoom.zoom` asks for at each level: both
+        sides' listings, paired by name, with their cums and prefix totals
+        worked out on each side's arrays.
+        """
+        at_top = direction == "top"
+        a = self.a._listing(summary.a, at_top) if summary.a is not None else None
+        b = self.b._listing(summary.b, at_top) if summary.b is not None else None
+        return RankedComparison(self, summary.path, at_top, a, b)
 
     def trim_top(self, summary: ComparativeSummary) -> ComparativeSummary | None:
         """The summary of ``path[1:]``; ``None`` for a 1-long path.
@@ -166,24 +196,88 @@ class ComparativeProfile:
         return ComparativeSummary(path, a, b)
 
 
-def _merged(a: list[CallTreeSummary], b: list[CallTreeSummary]) -> list[ComparativeSummary]:
-    """The paths listed in A or in B (each list sorted by path), paired, in path order: one merge pass."""
+class RankedComparison:
+    """The extensions of a comparative summary by descending ``|cum|`` (A minus B), ties by path.
+
+    The union of the names the two sides' listings add, in path order; each
+    side's cums and prefix totals come from its own listing, with its
+    extensions placed where the union's ranking puts them (see
+    :class:`~monitor.search.calltree.RankedListing`, which this mirrors).
+    """
+
+    def __init__(
+        self,
+        profile: ComparativeProfile,
+        path: tuple[str, ...],
+        at_top: bool,
+        a: ExtensionListing | None,
+        b: ExtensionListing | None,
+    ) -> None:
+        self._profile, self._path, self._at_top, self._a, self._b = profile, path, at_top, a, b
+        in_a = a.names if a is not None else []
+        in_b = b.names if b is not None else []
+        # Each listing is in name order: the sort merges two runs.
+        self._names = list(dict.fromkeys(sorted(in_a + in_b)))
+        at = {name: i for i, name in enumerate(self._names)}
+        self._at_a = np.array([at[name] for name in in_a], np.int64)
+        self._at_b = np.array([at[name] for name in in_b], np.int64)
+        cums = np.zeros(len(self._names), np.int64)
+        if a is not None:
+            cums[self._at_a] += profile.a._listing_cums(a)
+        if b is not None:
+            cums[self._at_b] -= profile.b._listing_cums(b)
+        # A stable sort: the union is in path order, so ties stay in it.
+        self._order = np.argsort(-np.abs(cums), kind="stable")
+        self.cums: list[int] = cums[self._order].tolist()
+        self._place = np.empty(len(self._names), np.int64)
+        self._place[self._order] = np.arange(len(self._names))
+        self._totals: list[int] = []
+
+    def summaries(self, count: int | None = None) -> list[ComparativeSummary]:
+        """The first ``count`` summaries (all of them by default)."""
+        side_a = dict(zip(self._at_a.tolist(), range(len(self._at_a)), strict=True))
+        side_b = dict(zip(self._at_b.tolist(), range(len(self._at_b)), strict=True))
+        summaries = []
+        for u in self._order[:count].tolist():
+            name = self._names[u]
+            i, j = side_a.get(u), side_b.get(u)
+            summaries.append(
+                _comparative(
+                    (name, *self._path) if self._at_top else (*self._path, name),
+                    self._a.summary(i) if self._a is not None and i is not None else None,
+                    self._b.summary(j) if self._b is not None and j is not None else None,
+                )
+            )
+        return summaries
+
+    def prefix_totals(self) -> Iterator[int]:
+        """``total_cum_of`` of the first 1, 2, ... summaries (A's minus B's), worked out in batches as asked for."""
+        for i in range(len(self.cums)):
+            if i == len(self._totals):
+                size = _batch(i, len(self.cums))
+                totals = np.zeros(size, np.int64)
+                if self._a is not None:
+                    totals += self._profile.a._listing_prefix_totals(self._a, self._place[self._at_a], size)
+                if self._b is not None:
+                    totals -= self._profile.b._listing_prefix_totals(self._b, self._place[self._at_b], size)
+                self._totals = totals.tolist()
+            yield self._totals[i]
+
+
+def _merged(a: list[CallTreeSummary], b: list[CallTreeSummary], at_top: bool) -> list[ComparativeSummary]:
+    """The extensions listed in A or in B (each list in path order), paired, in path order.
+
+    Extensions of one path differ in the name they add, so they are paired by
+    that name; the two lists' names are two sorted runs, which one sort merges.
+    """
+    end = 0 if at_top else -1
+    in_a = {s.path[end]: s for s in a}
+    in_b = {s.path[end]: s for s in b}
+    get_a, get_b = in_a.get, in_b.get
     merged = []
-    i = j = 0
-    while i < len(a) and j < len(b):
-        x, y = a[i], b[j]
-        if x.path == y.path:
-            merged.append(ComparativeSummary(x.path, x, y))
-            i += 1
-            j += 1
-        elif x.path < y.path:
-            merged.append(ComparativeSummary(x.path, x, None))
-            i += 1
-        else:
-            merged.append(ComparativeSummary(y.path, None, y))
-            j += 1
-    merged += [ComparativeSummary(x.path, x, None) for x in a[i:]]
-    merged += [ComparativeSummary(y.path, None, y) for y in b[j:]]
+    for name in dict.fromkeys(sorted([*in_a, *in_b])):
+        x, y = get_a(name), get_b(name)
+        merged.append(_comparative(x.path if x is not None else y.path if y is not None else (), x, y))
     return merged
 
 

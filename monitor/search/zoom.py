@@ -42,8 +42,8 @@ has a larger cum, so this runs down to the path of length 1 unless the cum falls
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Literal, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from monitor.search.interface import ProfileInterface
 
@@ -53,6 +53,29 @@ Direction = Literal["top", "bottom"]
 
 #: the paper's default cutoff ratio
 DEFAULT_CUTOFF = 0.95
+
+
+class Ranked(Protocol[S]):
+    """A summary's neighbours at one end by descending ``|cum|`` (ties by path), as zooming goes through them.
+
+    A profile may offer ``ranked_extensions(summary, direction)`` returning one
+    (both of ours do): then a level of zooming costs a few passes over the
+    extensions' occurrences, and only the summaries zooming returns are made.
+    Otherwise zooming builds one from the profile interface (:class:`_Listed`).
+    """
+
+    @property
+    def cums(self) -> Sequence[int]:
+        """The cum of each neighbour, in ranked order."""
+        ...
+
+    def summaries(self, count: int | None = None) -> list[S]:
+        """The first ``count`` neighbours (all of them by default), in ranked order."""
+        ...
+
+    def prefix_totals(self) -> Iterator[int]:
+        """``total_cum_of`` of the first 1, 2, ... neighbours, each worked out when it is asked for."""
+        ...
 
 
 def zoom(
@@ -73,63 +96,79 @@ def zoom(
         raise ValueError(f"direction must be 'top' or 'bottom', not {direction!r}")
     if cutoff <= 0:
         raise ValueError(f"the cutoff ratio must be positive, not {cutoff}")
-    neighbours = _neighbours(profile, direction, trim)
+    rank = _ranker(profile, direction, trim)
     bound = cutoff * abs(profile.cum_of(summary))
-    ranked = _ranked(profile, neighbours(summary))
+    ranked = rank(summary)
     if bound == 0:
-        return [s for s, _ in ranked]  # departure 3
+        return ranked.summaries()  # departure 3
     chosen = _concentrating_prefix(profile, ranked, bound)
     if chosen is None:
-        return [s for s, _ in ranked]  # departure 2
-    while len(chosen) == 1:
-        current = chosen[0]
-        chosen = _concentrating_prefix(profile, _ranked(profile, neighbours(current)), bound)
+        return ranked.summaries()  # departure 2
+    while chosen == 1:
+        current = ranked.summaries(1)[0]
+        ranked = rank(current)
+        chosen = _concentrating_prefix(profile, ranked, bound)
         if chosen is None:
             return [current]  # departure 1: the worked example
-    return chosen
+    return ranked.summaries(chosen)
 
 
-def _neighbours(profile: ProfileInterface[S], direction: Direction, trim: bool) -> Callable[[S], list[S]]:
+def _ranker(profile: ProfileInterface[S], direction: Direction, trim: bool) -> Callable[[S], Ranked[S]]:
     if trim:
         trimmer = profile.trim_top if direction == "top" else profile.trim_bottom
 
-        def trimmed(summary: S) -> list[S]:
+        def trimmed(summary: S) -> Ranked[S]:
             shorter = trimmer(summary)
-            return [] if shorter is None else [shorter]
+            return _Listed(profile, [] if shorter is None else [shorter])
 
         return trimmed
-    return profile.top_extension_summaries if direction == "top" else profile.bottom_extension_summaries
+    ranked_extensions: Callable[[S, Direction], Ranked[S]] | None = getattr(profile, "ranked_extensions", None)
+    if ranked_extensions is not None:
+        return lambda summary: ranked_extensions(summary, direction)
+    neighbours = profile.top_extension_summaries if direction == "top" else profile.bottom_extension_summaries
+    return lambda summary: _Listed(profile, neighbours(summary))
 
 
-def _ranked(profile: ProfileInterface[S], summaries: list[S]) -> list[tuple[S, int]]:
-    """Summaries with their cum, by descending |cum| (ties by path, so the order is stable)."""
-    with_cum = [(s, profile.cum_of(s)) for s in summaries]
-    with_cum.sort(key=lambda item: (-abs(item[1]), profile.path_of(item[0])))
-    return with_cum
+class _Listed(Generic[S]):
+    """Neighbours ranked through the profile interface alone: one ``cum_of`` each, then a sort."""
+
+    def __init__(self, profile: ProfileInterface[S], neighbours: list[S]) -> None:
+        with_cum = [(s, profile.cum_of(s)) for s in neighbours]
+        with_cum.sort(key=lambda item: (-abs(item[1]), profile.path_of(item[0])))
+        self._profile = profile
+        self._summaries = [s for s, _ in with_cum]
+        self.cums = [cum for _, cum in with_cum]
+
+    def summaries(self, count: int | None = None) -> list[S]:
+        return self._summaries[:count]
+
+    def prefix_totals(self) -> Iterator[int]:
+        """From ``iter_total_cum_of_prefixes`` if the profile offers it (both of ours do), else all at once."""
+        lazy: Callable[[list[S]], Iterator[int]] | None = getattr(self._profile, "iter_total_cum_of_prefixes", None)
+        if lazy is not None:
+            return lazy(self._summaries)
+        return iter(self._profile.total_cum_of_prefixes(self._summaries))
 
 
-def _concentrating_prefix(profile: ProfileInterface[S], ranked: list[tuple[S, int]], bound: float) -> list[S] | None:
-    """The shortest non-empty prefix whose |total_cum_of| reaches ``bound``, or None if none does.
+def _concentrating_prefix(profile: ProfileInterface[Any], ranked: Ranked[Any], bound: float) -> int | None:
+    """The length of the shortest non-empty prefix whose |total_cum_of| reaches ``bound``, or None if none does.
 
     Overlap is the expensive part (a popular function has thousands of
     extensions, some nested under each other), and the answer is usually a
-    short prefix: the extensions come by descending |cum|. A profile that
-    offers ``iter_total_cum_of_prefixes`` (the prefix totals one at a time,
-    each worked out when asked for: both of ours do) is asked for them in
-    order, and the first total that reaches the bound ends the search. In a
-    monotone profile a total never exceeds the sum of the cums it is made of,
-    which tells without any overlap computed when no prefix can reach it.
+    short prefix: the extensions come by descending |cum|. So the prefix totals
+    are asked for in order, and the first that reaches the bound ends the
+    search. In a monotone profile a total never exceeds the sum of the cums it
+    is made of, which tells without any overlap computed when no prefix can
+    reach it.
     """
-    if not ranked:
+    cums = ranked.cums
+    if not cums:
         return None
-    summaries = [s for s, _ in ranked]
-    if abs(ranked[0][1]) >= bound:
-        return summaries[:1]  # the common case when zooming through: no overlap to work out
-    if profile.monotone and sum(cum for _, cum in ranked) < bound:
+    if abs(cums[0]) >= bound:
+        return 1  # the common case when zooming through: no overlap to work out
+    if profile.monotone and sum(cums) < bound:
         return None  # not even with no overlap at all
-    lazy: Callable[[list[S]], Iterator[int]] | None = getattr(profile, "iter_total_cum_of_prefixes", None)
-    totals = lazy(summaries) if lazy is not None else profile.total_cum_of_prefixes(summaries)
-    for n, total in enumerate(totals, 1):
+    for n, total in enumerate(ranked.prefix_totals(), 1):
         if abs(total) >= bound:
-            return summaries[:n]
+            return n
     return None

@@ -91,10 +91,10 @@ def test_summaries_under_another_add_nothing_to_a_total(stacks: Stacks, paths: P
 
 @SETTINGS
 @given(stacks_strategy, paths_strategy, st.sampled_from([0, 1, 4096]))
-def test_lazy_prefix_totals_match_one_total_per_prefix(stacks: Stacks, paths: Paths, outermost: int) -> None:
+def test_lazy_prefix_totals_match_one_total_per_prefix(stacks: Stacks, paths: Paths, first_batch: int) -> None:
     p = CallTreeProfile.from_stacks(stacks)
     found = summaries_of(p, paths)
-    with mock.patch("monitor.search.calltree._MAX_OUTERMOST", outermost):
+    with mock.patch("monitor.search.calltree._FIRST_BATCH", first_batch):
         for summaries in [found, *(p.top_extension_summaries(s) for s in found)]:
             p.clear_caches()
             expected = [p.total_cum_of(summaries[:n]) for n in range(1, len(summaries) + 1)]
@@ -127,7 +127,7 @@ class WithoutLazyPrefixes:
         self.profile = profile
 
     def __getattr__(self, name: str) -> object:
-        if name == "iter_total_cum_of_prefixes":
+        if name in ("iter_total_cum_of_prefixes", "ranked_extensions"):
             raise AttributeError(name)
         return getattr(self.profile, name)
 
@@ -186,3 +186,59 @@ def test_comparative_listings_pair_the_two_sides(a: Stacks, b: Stacks, paths: Pa
                 assert e.b is None or in_b is None or e.b.finals == in_b.finals
         tops = {(m, *s.path) for m in cp.top_extensions(s)}
         assert {e.path for e in cp.top_extension_summaries(s)} == tops
+
+
+class WithoutRanking:
+    """A comparative profile seen through the profile interface only, so that zoom ranks its listings itself."""
+
+    def __init__(self, profile: ComparativeProfile) -> None:
+        self.profile = profile
+
+    def __getattr__(self, name: str) -> object:
+        if name == "ranked_extensions":
+            raise AttributeError(name)
+        return getattr(self.profile, name)
+
+
+@SETTINGS
+@given(
+    stacks_strategy,
+    stacks_strategy,
+    paths_strategy,
+    st.sampled_from(["top", "bottom"]),
+    st.sampled_from([0.5, 0.8, 0.95]),
+    st.sampled_from([1, 16]),
+)
+def test_comparative_zoom_matches_the_interface_zoom(
+    a: Stacks, b: Stacks, paths: Paths, direction: Direction, cutoff: float, first_batch: int
+) -> None:
+    cp = ComparativeProfile(CallTreeProfile.from_stacks(a), CallTreeProfile.from_stacks(b))
+    plain = WithoutRanking(cp)
+    with mock.patch("monitor.search.calltree._FIRST_BATCH", first_batch):
+        for s in [s for s in (cp.summary(path) for path in paths) if s is not None]:
+            fast = zoom(cp, s, direction, cutoff)
+            expected = zoom(plain, s, direction, cutoff)  # type: ignore[arg-type]
+            assert [z.path for z in fast] == [z.path for z in expected]
+            assert [(z.a is None, z.b is None) for z in fast] == [(z.a is None, z.b is None) for z in expected]
+
+
+@SETTINGS
+@given(stacks_strategy, paths_strategy, st.sampled_from([1, 2, 16]))
+def test_ranked_extensions_match_the_interface(stacks: Stacks, paths: Paths, first_batch: int) -> None:
+    p = CallTreeProfile.from_stacks(stacks)
+    with mock.patch("monitor.search.calltree._FIRST_BATCH", first_batch):
+        for s in summaries_of(p, paths) + p.initial_summaries():
+            for direction in ("top", "bottom"):
+                p.clear_caches()
+                ranked = p.ranked_extensions(s, direction)
+                # _cum_of and _total_cum_of work each one out on its own, not from the listing's bulk answers.
+                listed = sorted(
+                    p.top_extension_summaries(s) if direction == "top" else p.bottom_extension_summaries(s),
+                    key=lambda e: (-p._cum_of(e), e.path),
+                )
+                assert [e.path for e in ranked.summaries()] == [e.path for e in listed]
+                assert [e.path for e in ranked.summaries(2)] == [e.path for e in listed[:2]]
+                assert ranked.cums == [p._cum_of(e) for e in listed]
+                expected = [p._total_cum_of(listed[:n]) for n in range(1, len(listed) + 1)]
+                assert list(ranked.prefix_totals()) == expected
+                assert list(ranked.prefix_totals()) == expected  # again, from what the first pass kept

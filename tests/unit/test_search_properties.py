@@ -101,6 +101,21 @@ def test_metrics_match_the_definitions(stacks: Stacks, paths: list[tuple[str, ..
 
 @SETTINGS
 @given(stacks_strategy, paths_strategy)
+def test_listed_extensions_match_the_definitions(stacks: Stacks, paths: list[tuple[str, ...]]) -> None:
+    """The cums of a listing's extensions are worked out together, for all of them at once."""
+    p = CallTreeProfile.from_stacks(stacks)
+    tree = tree_of(stacks)
+    for s in present(p, paths) + p.initial_summaries():
+        for listed in (p.top_extension_summaries(s), p.bottom_extension_summaries(s)):
+            for e in listed:
+                assert p.cum_of(e) == ref_cum(tree, [e.path])
+                assert p.base_of(e) == ref_base(tree, [e.path])
+            found = [e.path for e in listed]
+            assert p.total_cum_of_prefixes(listed) == [ref_cum(tree, found[:n]) for n in range(1, len(found) + 1)]
+
+
+@SETTINGS
+@given(stacks_strategy, paths_strategy)
 def test_collapsed_text_in_any_order_gives_the_same_profile(stacks: Stacks, paths: list[tuple[str, ...]]) -> None:
     direct = CallTreeProfile.from_stacks(stacks)
     lines = [f"{';'.join(frames)} {c}" for frames, c in stacks]
