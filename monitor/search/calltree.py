@@ -585,6 +585,8 @@ class CallTreeProfile:
         # may share a name id; the regexes run once per distinct frame string.
         frame_ids: dict[str, int] = {}
         children = builder.children
+        # The builder's columns, appended to right here (see _TreeBuilder.child).
+        node_parent, node_name, node_cost, node_depth = builder.parent, builder.name, builder.cost, builder.depth
         # The previous stack, where each of its frames ends in it, and the node
         # reached after each frame: a line only splits and walks what differs.
         previous = ""
@@ -630,11 +632,15 @@ class CallTreeProfile:
                         key = ((node + 1) << 32) | nid
                         child = children.get(key)
                         if child is None:
-                            child = builder.child(node, nid)
+                            child = children[key] = len(node_parent)
+                            node_parent.append(node)
+                            node_name.append(nid)
+                            node_cost.append(0)
+                            node_depth.append(node_depth[node] + 1 if node >= 0 else 0)
                         node = child
                     nodes.append(node)
             if node >= 0:
-                builder.cost[node] += cost
+                node_cost[node] += cost
             previous, previous_ends, previous_nodes = stack, ends, nodes
         profile = builder.finish()
         profile.collapsed_stats = stats
@@ -723,7 +729,7 @@ class CallTreeProfile:
         for nid in self._name_by_rank.tolist():
             if start[nid + 1] > start[nid]:
                 nodes = self._by_name[start[nid] : start[nid + 1]]
-                summaries.append(CallTreeSummary((self.names[nid],), nodes, nodes))
+                summaries.append(_summary((self.names[nid],), nodes, nodes))
         return summaries
 
     def top_extensions(self, summary: CallTreeSummary) -> list[str]:

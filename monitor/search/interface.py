@@ -24,6 +24,12 @@ stay fast on a million-node tree, each definable from the paper's primitives:
   (true for a single profile, whose costs are never negative; false for a
   comparative one), which lets a suggester skip exact overlaps that a bound
   already decides.
+
+Not part of the Protocol, looked up by zooming when a profile offers them (both
+of ours do): ``iter_total_cum_of_prefixes(S)``, the prefix totals one at a time,
+and ``ranked_extensions(s, direction)``, the extensions at one end ranked by
+``|cum|`` with their prefix totals (:class:`~monitor.search.zoom.Ranked`), which
+spares making a summary for each of a popular function's thousands of extensions.
 """
 
 from __future__ import annotations
