@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from monitor.session import Frame, Session
+from monitor.session import Frame, Session, StackKey
 from proflets import cpu as cpu_proflet
 from proflets.cpu import FLOOR_PCT
 
@@ -54,7 +54,26 @@ class Profile:
     @classmethod
     def from_session(cls, session: Session, window_s: float | None = None) -> Profile:
         counts, samples = session.window_counts(window_s)
-        # Re-index so the profile carries only the frames it uses.
+        process = process_info(session)
+        process.update(
+            duration_s=session.duration_s() if window_s is None else window_s, samples=samples, window_s=window_s
+        )
+        return cls.from_counts(session.frames.frames, counts, dict(session.threads), process, session_paths(session))
+
+    @classmethod
+    def from_counts(
+        cls,
+        frame_table: list[Frame],
+        counts: dict[StackKey, list[int]],
+        threads: dict[int, str],
+        process: dict[str, Any],
+        paths: dict[str, str],
+    ) -> Profile:
+        """A profile of ``counts`` (stacks of ids into ``frame_table``), carrying only the frames it uses.
+
+        Reads ``frame_table`` by index only, so it may run on another thread
+        than the one that appends to it.
+        """
         index: dict[int, int] = {}
         frames: list[Frame] = []
         stacks: list[StackCount] = []
@@ -64,28 +83,10 @@ class Profile:
                 i = index.get(fid)
                 if i is None:
                     i = index[fid] = len(frames)
-                    frames.append(session.frames.frames[fid])
+                    frames.append(frame_table[fid])
                 local.append(i)
             stacks.append(StackCount(tid, tuple(local), wall, cpu))
-        hello = session.hello
-        process = {
-            "pid": session.pid,
-            "host": session.key[0],
-            "start_time": session.key[2],
-            "argv": list(hello.get("argv", [])),
-            "python": hello.get("python", ""),
-            "executable": hello.get("executable", ""),
-            "cpus": hello.get("cpus"),
-            "budget": session.budget(),
-            "overhead": session.overhead(),
-            # seconds spent per category over the run: sample, wake, report, detail
-            "costs": dict(session.costs),
-            "duration_s": session.duration_s() if window_s is None else window_s,
-            "samples": samples,
-            "window_s": window_s,
-            "dropped": _sum_dropped(session),
-        }
-        return cls(frames, stacks, dict(session.threads), process, dict(hello.get("paths") or {}))
+        return cls(frames, stacks, threads, process, paths)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Profile:
@@ -211,6 +212,29 @@ class Node:
 
 
 _LIBRARY_PATHS = ("stdlib", "platstdlib", "purelib", "platlib")
+
+
+def process_info(session: Session) -> dict[str, Any]:
+    """What a profile says about its process (``duration_s``, ``samples`` and ``window_s`` are the caller's)."""
+    hello = session.hello
+    return {
+        "pid": session.pid,
+        "host": session.key[0],
+        "start_time": session.key[2],
+        "argv": list(hello.get("argv", [])),
+        "python": hello.get("python", ""),
+        "executable": hello.get("executable", ""),
+        "cpus": hello.get("cpus"),
+        "budget": session.budget(),
+        "overhead": session.overhead(),
+        # seconds spent per category over the run: sample, wake, report, detail
+        "costs": dict(session.costs),
+        "dropped": _sum_dropped(session),
+    }
+
+
+def session_paths(session: Session) -> dict[str, str]:
+    return dict(session.hello.get("paths") or {})
 
 
 def _value(s: StackCount, metric: Metric) -> int:

@@ -18,20 +18,27 @@ drive it directly as well as over real sockets.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import zmq
 import zmq.asyncio
 
 from agent import protocol
-from monitor.profile import Profile
+from monitor.profile import Profile, process_info, session_paths
 from monitor.scheduler import AgentSchedule
-from monitor.session import AgentState, FrameTable, Session, SessionKey, UnknownLocation
+from monitor.session import AgentState, FrameTable, Session, SessionKey, Slice, UnknownLocation
+from monitor.windows import WindowSpec
 from proflets import cpu as cpu_proflet
+
+if TYPE_CHECKING:
+    from monitor.history import History, ReportMeta
+
+T = TypeVar("T")
 
 #: Reports kept per unknown agent while we wait for its hello and tables.
 MAX_STASHED_REPORTS = 4
@@ -42,7 +49,15 @@ Reply = tuple[bytes, bytes]
 
 
 class Monitor:
-    def __init__(self, endpoint: str, *, on_event: Callable[[str, dict[str, Any]], None] | None = None) -> None:
+    """DYMON. With ``history``, everything received is kept there, and what it kept is loaded first."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        on_event: Callable[[str, dict[str, Any]], None] | None = None,
+        history: History | None = None,
+    ) -> None:
         self.endpoint = endpoint
         self.frames = FrameTable()
         self.sessions: dict[SessionKey, Session] = {}
@@ -65,6 +80,19 @@ class Monitor:
         self._ctx: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None
         self.started = time.time()
+        #: answers that read history run here, off the receive loop
+        self._queries: concurrent.futures.ThreadPoolExecutor | None = None
+        self.history = history
+        if history is not None:
+            self._restore(history)
+            history.start(self.frames)
+
+    def _restore(self, history: History) -> None:
+        frames, stored = history.load()
+        for frame in frames:
+            self.frames.intern(frame)
+        for s in stored:
+            self.sessions[s.key] = Session.restore(s.key, s.hello, self.frames, s.state, s.counts)
 
     # --- socket lifecycle -------------------------------------------------------------
 
@@ -91,6 +119,11 @@ class Monitor:
         return self.endpoint
 
     def close(self) -> None:
+        if self._queries is not None:
+            self._queries.shutdown(wait=True, cancel_futures=True)
+            self._queries = None
+        if self.history is not None:
+            self.history.close()
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None
@@ -162,7 +195,8 @@ class Monitor:
                 self._event("agent_error", {"agent": body["agent"], "message": body["message"]})
                 return []
             if msg_type == protocol.CTL:
-                return [(ident, self._on_ctl(body))]
+                answer = self._on_ctl(ident, body)
+                return [(ident, answer)] if answer is not None else []
         except Exception as exc:  # a bug must cost one message, not the monitor
             self.counters["bad_frames"] += 1
             self._event("internal_error", {"message": f"{type(exc).__name__}: {exc}"})
@@ -181,6 +215,8 @@ class Monitor:
         state = session.add_agent(body)
         self.by_agent[state.agent_id] = (session, state)
         self.routing[state.agent_id] = ident
+        if self.history is not None:
+            self.history.add_session(session)
         self._event("hello", {"pid": body["pid"], "agent": state.agent_id})
         replies: list[Reply] = []
         # Reports that arrived before the hello (we restarted) go in now.
@@ -204,6 +240,8 @@ class Monitor:
             # We lost this agent's tables (restart while it kept running).
             return self._stash_and_resync(ident, body)
         self.counters["reports"] += 1
+        if self.history is not None:
+            self.history.add_report(session, session.windows[-1])
         replies: list[Reply] = []
         if not stashed:
             replies += self._schedule(ident, session, state, body)
@@ -249,9 +287,11 @@ class Monitor:
 
     # --- queries and control from clients ---------------------------------------------
 
-    def session_for(self, pid: int) -> Session | None:
-        """The newest session of ``pid`` on this host (connected ones first)."""
+    def session_for(self, pid: int, start_time: float | None = None) -> Session | None:
+        """The newest session of ``pid`` on this host (connected ones first), or the one started at ``start_time``."""
         candidates = [s for s in self.sessions.values() if s.pid == pid]
+        if start_time is not None:
+            candidates = [s for s in candidates if abs(s.key[2] - start_time) < 1e-3]
         candidates.sort(key=lambda s: (s.connected, s.key[2]))
         return candidates[-1] if candidates else None
 
@@ -272,34 +312,204 @@ class Monitor:
 
         return [session_info(s) for s in self.sessions.values()]
 
-    def _on_ctl(self, body: dict[str, Any]) -> bytes:
+    # --- time windows -------------------------------------------------------------------
+
+    def window_job(self, session: Session, spec: WindowSpec) -> tuple[Callable[[], Profile], bool]:
+        """The profile of ``session`` over ``spec``, as work to run, and whether that work reads history.
+
+        What reads the session runs now, on the caller's (the receive loop's)
+        thread; the returned callable only reads history and the frame table,
+        so it may run on another thread. Whole runs come from the session's
+        running totals, which already hold what history restored.
+        """
+        process = process_info(session)
+        paths = session_paths(session)
+        threads = dict(session.threads)
+        table = session.frames.frames
+        if spec.whole:
+            # Not slow: runs at once, on this thread, so the live totals need no copy.
+            counts = session.counts
+            process.update(duration_s=session.duration_s(), samples=session.samples, window_s=None)
+            return (lambda: Profile.from_counts(table, counts, threads, process, paths)), False
+        first_t = session.first_report_t
+        last_t = session.last_report_t or None
+        start, end = spec.resolve(first_t, last_t)
+        memory = session.slice(start, end)
+        oldest = session.oldest_in_memory
+        older = (
+            self.history is not None
+            and oldest > 1
+            and (start is None or not session.windows or start < session.windows[0].t)
+        )
+        history = self.history
+        key = session.key
+
+        def build() -> Profile:
+            got = Slice()
+            if older and history is not None:
+                got = history.slice(key, start, end, before_n=oldest)
+            got.merge(memory)
+            info = dict(process)
+            info.update(
+                duration_s=got.seconds,
+                samples=got.samples,
+                window_s=got.seconds,
+                window={
+                    "spec": spec.to_json(),
+                    "description": spec.describe(),
+                    "start": start,
+                    "end": end,
+                    "reports": got.reports,
+                    "first_report_t": got.first_t,
+                    "last_report_t": got.last_t,
+                },
+            )
+            return Profile.from_counts(table, got.counts, threads, info, paths)
+
+        return build, older
+
+    def window_profile(self, session: Session, spec: WindowSpec) -> Profile:
+        """The profile of ``session`` over ``spec``, from memory and, for older reports, history (blocking)."""
+        build, _ = self.window_job(session, spec)
+        return build()
+
+    def timeline_job(
+        self, session: Session, spec: WindowSpec, bucket_s: float
+    ) -> tuple[Callable[[], dict[str, Any]], bool]:
+        """Samples, reports and spending per ``bucket_s`` over the window: what a time axis shows."""
+        start, end = spec.resolve(session.first_report_t, session.last_report_t or None)
+        memory: list[ReportMeta] = [
+            (w.t, w.window_s, w.samples, w.spent_s, w.budget)
+            for w in session.windows
+            if (start is None or w.t > start) and (end is None or w.t <= end)
+        ]
+        oldest = session.oldest_in_memory
+        older = (
+            self.history is not None
+            and oldest > 1
+            and (start is None or not session.windows or start < session.windows[0].t)
+        )
+        history = self.history
+        key = session.key
+
+        def build() -> dict[str, Any]:
+            rows = (history.reports_meta(key, start, end, before_n=oldest) if older and history else []) + memory
+            buckets: dict[int, list[float]] = {}
+            origin = start if start is not None else (rows[0][0] - rows[0][1] if rows else 0.0)
+            for t, window_s, samples, spent_s, budget in rows:
+                b = buckets.setdefault(int((t - origin) // bucket_s), [0, 0, 0.0, 0.0, 0.0])
+                b[0] += samples
+                b[1] += 1
+                b[2] += spent_s
+                b[3] += window_s
+                b[4] = budget
+            return {
+                "start": start,
+                "end": end,
+                "origin": origin,
+                "bucket_s": bucket_s,
+                # [bucket start, sampling passes, reports, seconds spent, seconds covered, budget]
+                "buckets": [[origin + i * bucket_s, *b] for i, b in sorted(buckets.items())],
+            }
+
+        return build, older
+
+    def _answer(
+        self, ident: bytes, rid: int, work: Callable[[], T], finish: Callable[[T], Any], slow: bool
+    ) -> bytes | None:
+        """Reply to request ``rid`` with ``finish(work())``.
+
+        Slow work (it reads history) runs on a query thread while the receive
+        loop goes on; its reply is posted when done (None is returned now).
+        ``finish`` always runs on the loop's thread.
+        """
+        loop = None
+        if slow:
+            with contextlib.suppress(RuntimeError):
+                loop = asyncio.get_running_loop()
+        if loop is None or self._outbox is None:
+            try:
+                return _ctl_reply(rid, finish(work()))
+            except Exception as exc:  # e.g. a damaged history file: an answer, not a crash
+                return _ctl_reply(rid, error=f"{type(exc).__name__}: {exc}")
+        if self._queries is None:
+            self._queries = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="dyper-query")
+        future = loop.run_in_executor(self._queries, work)
+
+        def done(f: asyncio.Future[T]) -> None:
+            if f.cancelled():
+                return
+            try:
+                data = _ctl_reply(rid, finish(f.result()))
+            except Exception as exc:
+                data = _ctl_reply(rid, error=f"{type(exc).__name__}: {exc}")
+            if self._outbox is not None:
+                self._outbox.put_nowait((ident, data))
+
+        future.add_done_callback(done)
+        return None
+
+    # --- control requests ---------------------------------------------------------------
+
+    def _on_ctl(self, ident: bytes, body: dict[str, Any]) -> bytes | None:
         from monitor import views
 
         rid, op, args = body["id"], body["op"], body.get("args") or {}
 
         def reply(result: Any = None, error: str | None = None) -> bytes:
-            out: dict[str, Any] = {"id": rid, "ok": error is None, "result": result}
-            if error is not None:
-                out["error"] = error
-            return protocol.encode(protocol.CTL_REPLY, out)
+            return _ctl_reply(rid, result, error)
 
         if op == "ping":
-            return reply({"endpoint": self.endpoint, "sessions": len(self.sessions), "counters": self.counters})
+            info: dict[str, Any] = {
+                "endpoint": self.endpoint,
+                "sessions": len(self.sessions),
+                "counters": self.counters,
+            }
+            if self.history is not None:
+                info["history"] = {
+                    "path": str(self.history.path),
+                    "pending": self.history.pending,
+                    "counters": dict(self.history.counters),
+                    "last_error": self.history.last_error,
+                }
+            return reply(info)
         if op == "sessions":
             return reply(self.sessions_info())
+        if op == "history":
+            if self.history is None:
+                return reply(error="this monitor keeps no history (started with --no-history)")
+            return self._answer(ident, rid, self.history.stats, lambda stats: stats, True)
         pid = args.get("pid")
-        if op in ("profile", "top", "detach", "budget", "detail"):
+        if op in ("profile", "top", "timeline", "detach", "budget", "detail"):
             if not isinstance(pid, int):
                 return reply(error=f"{op}: give a pid")
-            session = self.session_for(pid)
+            start_time = args.get("start_time")
+            session = self.session_for(pid, float(start_time) if isinstance(start_time, int | float) else None)
             if session is None:
                 return reply(error=f"process {pid} is not known to this monitor: attach to it first")
-            window = args.get("window_s")
-            window = float(window) if isinstance(window, int | float) else None
+            try:
+                spec = _window_arg(args)
+            except ValueError as exc:
+                return reply(error=f"{op}: {exc}")
             if op == "profile":
-                return reply(Profile.from_session(session, window).to_json())
+                build, slow = self.window_job(session, spec)
+                return self._answer(ident, rid, build, lambda p: p.to_json(), slow)
+            if op == "timeline":
+                bucket = args.get("bucket_s", 10.0)
+                if not isinstance(bucket, int | float) or not bucket > 0:
+                    return reply(error="timeline: bucket_s must be a positive number of seconds")
+                tl, slow = self.timeline_job(session, spec, float(bucket))
+                return self._answer(ident, rid, tl, lambda r: r, slow)
             if op == "top":
-                return reply(views.top_view(session, window, charge_libraries=bool(args.get("libraries"))))
+                libraries = bool(args.get("libraries"))
+                build, slow = self.window_job(session, spec)
+                return self._answer(
+                    ident,
+                    rid,
+                    build,
+                    lambda p: views.top_view(session, profile=p, charge_libraries=libraries),
+                    slow,
+                )
             if op == "detach":
                 return reply({"detached": self.send_to_pid(pid, protocol.DETACH, {})})
             if op == "detail":
@@ -320,3 +530,20 @@ class Monitor:
                 return reply(error="budget: give a fraction between 0 and 0.5")
             return reply({"configured": self.send_to_pid(pid, protocol.CONFIGURE, {"budget": float(budget)})})
         return reply(error=f"unknown operation {op!r}")
+
+
+def _ctl_reply(rid: int, result: Any = None, error: str | None = None) -> bytes:
+    out: dict[str, Any] = {"id": rid, "ok": error is None, "result": result}
+    if error is not None:
+        out["error"] = error
+    return protocol.encode(protocol.CTL_REPLY, out)
+
+
+def _window_arg(args: dict[str, Any]) -> WindowSpec:
+    """A request's window: ``window`` ({start, end}, see WindowSpec.to_json), or ``window_s`` (the last N s)."""
+    if args.get("window") is not None:
+        return WindowSpec.from_json(args["window"])
+    seconds = args.get("window_s")
+    if isinstance(seconds, int | float) and not isinstance(seconds, bool):
+        return WindowSpec.last(float(seconds))
+    return WindowSpec()

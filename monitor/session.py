@@ -93,11 +93,46 @@ class AgentState:
 
 @dataclass
 class Window:
-    """Counts of one report, kept for time-window views."""
+    """Counts of one report, kept for time-window views (never changed once made)."""
 
     t: float
     samples: int
     counts: dict[StackKey, list[int]]
+    #: the report's number in its session, from 1 (history splits memory from disk by it)
+    n: int = 0
+    window_s: float = 0.0
+    #: seconds the agent spent in the window, all categories
+    spent_s: float = 0.0
+    budget: float = 0.0
+
+
+@dataclass
+class Slice:
+    """Counts of some reports of one session, and which reports they were."""
+
+    counts: dict[StackKey, list[int]] = field(default_factory=dict)
+    samples: int = 0  # sampling passes
+    reports: int = 0
+    seconds: float = 0.0  # the reports' lengths, summed
+    first_t: float | None = None  # end time of the earliest report in it
+    last_t: float | None = None
+
+    def add_report(self, t: float, window_s: float, samples: int) -> None:
+        self.samples += samples
+        self.reports += 1
+        self.seconds += window_s
+        self.first_t = t if self.first_t is None else min(self.first_t, t)
+        self.last_t = t if self.last_t is None else max(self.last_t, t)
+
+    def merge(self, other: Slice) -> None:
+        merge_counts(self.counts, other.counts)
+        self.samples += other.samples
+        self.reports += other.reports
+        self.seconds += other.seconds
+        for t in (other.first_t, other.last_t):
+            if t is not None:
+                self.first_t = t if self.first_t is None else min(self.first_t, t)
+                self.last_t = t if self.last_t is None else max(self.last_t, t)
 
 
 class Session:
@@ -108,6 +143,8 @@ class Session:
         self.hello = hello
         self.frames = frames
         self.first_seen = time.time()
+        #: end times of the first and latest reports (the agents' clocks)
+        self.first_report_t: float | None = None
         self.agents: dict[str, AgentState] = {}
         #: whole run: stack -> [wall samples, cpu samples]
         self.counts: dict[StackKey, list[int]] = {}
@@ -203,9 +240,8 @@ class Session:
         self.reports += 1
         t = float(report["t"])
         self.last_report_t = t
-        self.windows.append(Window(t, report["samples"], window))
-        while self.windows and self.windows[0].t < t - WINDOW_RETENTION_S:
-            self.windows.popleft()
+        if self.first_report_t is None:
+            self.first_report_t = t
         state.last_seen = time.time()
         state.last_seq = report["seq"]
         if report.get("budget") is not None:
@@ -222,6 +258,19 @@ class Session:
         window_costs = {k: float(v) for k, v in (report.get("costs") or {}).items()}
         for k, v in window_costs.items():
             self.costs[k] = self.costs.get(k, 0.0) + v
+        self.windows.append(
+            Window(
+                t,
+                report["samples"],
+                window,
+                n=self.reports,
+                window_s=float(report["window_s"]),
+                spent_s=sum(window_costs.values()),
+                budget=state.budget,
+            )
+        )
+        while self.windows and self.windows[0].t < t - WINDOW_RETENTION_S:
+            self.windows.popleft()
         self.recent_costs.append((t, float(report["window_s"]), window_costs))
         for burst in report.get("details") or ():
             self._add_burst(burst)
@@ -266,6 +315,86 @@ class Session:
                 spent[k] = spent.get(k, 0.0) + v
         return {k: v / wall for k, v in spent.items()} if wall > 0 else {}
 
+    # --- persistence (monitor.history) ----------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """What history keeps of the session besides its counts: plain data, copied (cheap: a few small maps)."""
+        return {
+            "first_seen": self.first_seen,
+            "samples": self.samples,
+            "reports": self.reports,
+            "first_report_t": self.first_report_t,
+            "last_report_t": self.last_report_t,
+            "threads": dict(self.threads),
+            "costs": dict(self.costs),
+            "calls": {f"{f}\0{n}\0{line}": list(v) for (f, n, line), v in self.calls.items()},
+            "agents": {
+                a.agent_id: {
+                    "budget": a.budget,
+                    "spent_s": a.spent_s,
+                    "elapsed_s": a.elapsed_s,
+                    "dropped": dict(a.dropped),
+                    "mode": a.mode,
+                    "last_seen": a.last_seen,
+                }
+                for a in self.agents.values()
+            },
+            "errors": list(self.errors)[-10:],
+        }
+
+    @classmethod
+    def restore(
+        cls,
+        key: SessionKey,
+        hello: dict[str, Any],
+        frames: FrameTable,
+        state: dict[str, Any],
+        counts: dict[StackKey, list[int]],
+    ) -> Session:
+        """A session as history kept it: whole-run counts and totals, its agents disconnected."""
+        s = cls(key, hello, frames)
+        s.first_seen = float(state.get("first_seen") or s.first_seen)
+        s.samples = int(state.get("samples") or 0)
+        s.reports = int(state.get("reports") or 0)
+        first = state.get("first_report_t")
+        s.first_report_t = float(first) if first is not None else None
+        s.last_report_t = float(state.get("last_report_t") or 0.0)
+        s.threads = {int(k): str(v) for k, v in (state.get("threads") or {}).items()}
+        s.costs.update({str(k): float(v) for k, v in (state.get("costs") or {}).items()})
+        for text, v in (state.get("calls") or {}).items():
+            file, name, line = str(text).split("\0")
+            s.calls[(file, name, int(line))] = [float(v[0]), float(v[1])]
+        for agent_id, a in (state.get("agents") or {}).items():
+            agent = AgentState(str(agent_id), connected=False)
+            agent.budget = float(a.get("budget") or 0.0)
+            agent.spent_s = float(a.get("spent_s") or 0.0)
+            agent.elapsed_s = float(a.get("elapsed_s") or 0.0)
+            agent.dropped = {str(k): int(v) for k, v in (a.get("dropped") or {}).items()}
+            agent.mode = str(a.get("mode") or agent.mode)
+            agent.last_seen = float(a.get("last_seen") or 0.0)
+            s.agents[agent.agent_id] = agent
+        s.errors.extend(str(e) for e in state.get("errors") or ())
+        s.counts = counts
+        return s
+
+    # --- windows ------------------------------------------------------------------------
+
+    @property
+    def oldest_in_memory(self) -> int:
+        """The number of the oldest report kept in memory; older ones are only in history."""
+        return self.windows[0].n if self.windows else self.reports + 1
+
+    def slice(self, start: float | None, end: float | None) -> Slice:
+        """The in-memory reports ending in ``(start, end]`` (see :attr:`oldest_in_memory`)."""
+        out = Slice()
+        for w in self.windows:
+            if (start is not None and w.t <= start) or (end is not None and w.t > end):
+                continue
+            out.add_report(w.t, w.window_s, w.samples)
+            for key, (wall, cpu) in w.counts.items():
+                _add(out.counts, key, wall, cpu)
+        return out
+
     def window_counts(self, seconds: float | None) -> tuple[dict[StackKey, list[int]], int]:
         """Counts and sampling passes of the last ``seconds`` (None: the whole run)."""
         if seconds is None:
@@ -291,3 +420,9 @@ def _add(counts: dict[StackKey, list[int]], key: StackKey, wall: int, cpu: int) 
     else:
         slot[0] += wall
         slot[1] += cpu
+
+
+def merge_counts(into: dict[StackKey, list[int]], other: dict[StackKey, list[int]]) -> None:
+    """Add ``other``'s counts into ``into``."""
+    for key, (wall, cpu) in other.items():
+        _add(into, key, wall, cpu)

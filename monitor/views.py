@@ -32,8 +32,10 @@ def session_info(session: Session) -> dict[str, Any]:
         "python": session.hello.get("python", ""),
         "connected": session.connected,
         "samples": session.samples,
+        "reports": session.reports,
         "budget": session.budget(),
         "overhead": session.overhead(),
+        "first_report": session.first_report_t,
         "last_report": session.last_report_t,
         "errors": list(session.errors)[-5:],
         "spending": spending(session),
@@ -70,9 +72,16 @@ def samples_per_s(session: Session) -> float:
 
 
 def top_view(
-    session: Session, window_s: float | None = None, *, limit: int = 15, charge_libraries: bool = False
+    session: Session,
+    window_s: float | None = None,
+    *,
+    limit: int = 15,
+    charge_libraries: bool = False,
+    profile: Profile | None = None,
 ) -> dict[str, Any]:
-    profile = Profile.from_session(session, window_s)
+    """The live view of a session over the last ``window_s`` (None: whole run), or over ``profile``'s window."""
+    if profile is None:
+        profile = Profile.from_session(session, window_s)
     rows = profile.functions("cpu", charge_libraries=charge_libraries, floor_pct=DEFAULT_FLOOR_PCT)
     wall = {(r["file"], r["name"], r["line"]): r for r in profile.functions("wall", charge_libraries=charge_libraries)}
     rates = session.calls_per_s()

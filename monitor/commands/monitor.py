@@ -1,11 +1,20 @@
 """Run a standing monitor (DYMON) that many agents stream to.
 
-    dyper monitor [--listen tcp://127.0.0.1:7341]
+    dyper monitor [--listen tcp://127.0.0.1:7341] [--history FILE | --no-history]
+                  [--retain-age 7d] [--retain-size 1GiB]
 
 Agents started with --monitor, DYPER_MONITOR or `dyper attach --monitor`
 connect to it; `dyper top`, `dyper ps` and `dyper detach` query it. It
 listens on loopback by default; profiles never leave the host unencrypted.
 Stops on Ctrl-C or SIGTERM.
+
+Everything it receives is kept in a SQLite file (default
+$DYPER_HISTORY, else $XDG_STATE_HOME/dyper/history.sqlite3, that is
+~/.local/state/dyper/history.sqlite3), so a restarted monitor still knows
+every session and its reports, and old time windows can be exported and
+compared (`dyper export PID --window START:END`). Reports older than
+--retain-age go, and past --retain-size the oldest go first; a session's
+whole-run totals stay as long as the session does.
 """
 
 from __future__ import annotations
@@ -21,7 +30,9 @@ from rich.console import Console
 
 from agent import DEFAULT_MONITOR, check_endpoint
 from monitor.commands import CliError
+from monitor.history import DEFAULT_MAX_AGE_S, DEFAULT_MAX_BYTES, History, HistoryError, Retention, parse_size
 from monitor.server import Monitor
+from monitor.windows import parse_seconds
 
 NAME = "monitor"
 
@@ -33,6 +44,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_MONITOR,
         help=f"where agents and clients connect (default {DEFAULT_MONITOR})",
     )
+    keep = parser.add_mutually_exclusive_group()
+    keep.add_argument(
+        "--history",
+        metavar="FILE",
+        help="keep what is received in this SQLite file (default $DYPER_HISTORY or "
+        "~/.local/state/dyper/history.sqlite3)",
+    )
+    keep.add_argument("--no-history", action="store_true", help="keep nothing: a restart forgets every session")
+    parser.add_argument(
+        "--retain-age",
+        type=_age_arg,
+        default=DEFAULT_MAX_AGE_S,
+        metavar="AGE",
+        help="drop reports older than this, e.g. 12h, 30d, or 0 to keep them forever (default 7d)",
+    )
+    parser.add_argument(
+        "--retain-size",
+        type=_size_arg,
+        default=DEFAULT_MAX_BYTES,
+        metavar="SIZE",
+        help="keep the history file under this, oldest reports going first, e.g. 500MB, 4GiB, "
+        "or 0 for no bound (default 1GiB)",
+    )
+
+
+def _age_arg(text: str) -> float | None:
+    try:
+        seconds = parse_seconds(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return seconds or None
+
+
+def _size_arg(text: str) -> int | None:
+    if text.strip() == "0":
+        return None
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,12 +104,31 @@ def run(args: argparse.Namespace) -> int:
         elif kind in ("agent_error", "internal_error"):
             console.print(f"{stamp} [red]{kind}[/]: {data['message']}")
 
-    monitor = Monitor(args.listen, on_event=on_event)
+    history = None
+    if not args.no_history:
+        from monitor.history import default_path
+
+        try:
+            history = History(args.history or default_path(), Retention(args.retain_age, args.retain_size))
+        except HistoryError as exc:
+            raise CliError(str(exc)) from None
+    try:
+        monitor = Monitor(args.listen, on_event=on_event, history=history)
+    except HistoryError as exc:
+        if history is not None:
+            history.close()
+        raise CliError(str(exc)) from None
     try:
         endpoint = monitor.bind()
     except OSError as exc:
+        monitor.close()
         raise CliError(f"{exc}: is another monitor running? (dyper ps --monitor {args.listen})") from None
     console.print(f"dyper monitor listening on {endpoint}; Ctrl-C to stop")
+    if history is not None:
+        kept = f"{len(monitor.sessions)} session(s) from before" if monitor.sessions else "nothing yet"
+        console.print(f"history in {history.path} ({history.retention.describe()}): {kept}")
+    else:
+        console.print("no history: a restart forgets every session")
 
     async def main() -> None:
         stop = asyncio.Event()

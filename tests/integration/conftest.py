@@ -53,10 +53,17 @@ def stop(proc: subprocess.Popen[str]) -> None:
 
 
 class StandingMonitor:
-    def __init__(self, port: int) -> None:
+    """``dyper monitor`` in a subprocess, keeping its history in ``history`` (never the user's own file)."""
+
+    def __init__(self, port: int, history: Path | None = None, *args: str) -> None:
+        import tempfile
+
         self.port = port
         self.endpoint = f"tcp://127.0.0.1:{port}"
         self.proc: subprocess.Popen[str] | None = None
+        self._tmp = None if history is not None else tempfile.mkdtemp(prefix="dyper-history-")
+        self.history = history if history is not None else Path(self._tmp or "") / "history.sqlite3"
+        self.args = args
 
     def start(self) -> None:
         import tempfile
@@ -64,7 +71,17 @@ class StandingMonitor:
         # Its output is kept so that a failing test can show why the monitor went away.
         self.log = tempfile.NamedTemporaryFile(prefix="dyper-monitor-", suffix=".log", delete=False)  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "monitor", "monitor", "--listen", self.endpoint],
+            [
+                sys.executable,
+                "-m",
+                "monitor",
+                "monitor",
+                "--listen",
+                self.endpoint,
+                "--history",
+                str(self.history),
+                *self.args,
+            ],
             stdout=self.log,
             stderr=subprocess.STDOUT,
             cwd=REPO,
@@ -100,6 +117,12 @@ class StandingMonitor:
             self.proc.kill()
             self.proc.wait(10)
 
+    def cleanup(self) -> None:
+        import shutil
+
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
     def output(self) -> str:
         return Path(self.log.name).read_text(errors="replace") if self.proc is not None else ""
 
@@ -116,6 +139,7 @@ def standing_monitor() -> Iterator[StandingMonitor]:
         if exited and m.proc is not None and m.proc.returncode not in (0, -9):
             print(f"monitor exited with {m.proc.returncode}:\n{m.output()}")
         Path(m.log.name).unlink(missing_ok=True)
+        m.cleanup()
 
 
 def wait_for(predicate, timeout: float = 15.0, interval: float = 0.1, what: str = "condition"):  # type: ignore[no-untyped-def]
