@@ -274,14 +274,18 @@ typedef struct {
     unsigned long tid;
     Py_ssize_t first;     /* index of the leaf frame in snapshot.frames */
     Py_ssize_t depth;     /* 1..MAX_DEPTH */
+    Py_ssize_t pos;       /* position among the threads of its sample */
 } thread_rec;
 
+/* One sample, or (the ticker's queue, see below) several in a row: a thread
+ * record with pos 0 starts a sample. */
 typedef struct {
     frame_rec *frames;
     Py_ssize_t nframes, frames_cap;
     thread_rec *threads;
     Py_ssize_t nthreads, threads_cap;
     Py_ssize_t max_depth;
+    Py_ssize_t nsamples;  /* snapshots taken into it, threadless ones included */
 } snapshot;
 
 /* Make room for one more element; -1 (no exception set) if out of memory.
@@ -334,6 +338,8 @@ static int
 snapshot_take(snapshot *s, PyInterpreterState *interp,
               int have_skip, unsigned long skip)
 {
+    Py_ssize_t pos = 0;
+    s->nsamples++;
     for (PyThreadState *t = PyInterpreterState_ThreadHead(interp);
          t != NULL;
          t = PyThreadState_Next(t))
@@ -382,6 +388,7 @@ snapshot_take(snapshot *s, PyInterpreterState *interp,
         tr->tid = tid;
         tr->first = first;
         tr->depth = depth;
+        tr->pos = pos++;
         if (depth > s->max_depth) {
             s->max_depth = depth;
         }
@@ -775,7 +782,7 @@ memo_match(const module_state *state, Py_ssize_t pos, unsigned long tid,
     return m->key;
 }
 
-/* Everything for one thread: its stack tuple and its count. `buf` has room
+/* Everything for one thread (s->threads[pos]): its stack tuple and its count. `buf` has room
  * for tr->depth references. On failure nothing is counted for this thread,
  * as in the reference (whose exception leaves the loop before `counts[k]`).
  * The key used is left in memo_out (a new reference) if it may be reused. */
@@ -808,7 +815,7 @@ record_thread(module_state *state, PyObject *counts, PyObject *locs, PyObject *n
     }
     if (all_ints) {
         /* No Python code ran since the memo was read: it is the current one. */
-        k = memo_match(state, pos, tr->tid, buf, filled, &hash);
+        k = memo_match(state, tr->pos, tr->tid, buf, filled, &hash);
         Py_XINCREF(k);
     }
     if (k == NULL) {
@@ -847,6 +854,68 @@ done:
     Py_XDECREF(stack);
     Py_XDECREF(tid);
     Py_XDECREF(k);
+    return rc;
+}
+
+
+/* Phase 2 for every sample in `s`, in order. The memo follows the samples:
+ * each thread position is matched against the same position in the sample
+ * before. Returns -1 with an exception set if a thread could not be
+ * recorded (new_loc raised, no memory): the samples before it stay counted.
+ * Leaves `s` to the caller, who must clear it. */
+static int
+record_snapshot(module_state *state, PyObject *counts, PyObject *locs, PyObject *new_loc,
+                const snapshot *s)
+{
+    int rc = -1;
+    PyObject **buf = NULL;
+    memo_entry *memo_next = NULL;
+    Py_ssize_t nmemo_next = 0;
+    if (s->nthreads > 0) {
+        buf = PyMem_New(PyObject *, (size_t)s->max_depth);
+        if (buf == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
+    for (Py_ssize_t i = 0; i < s->nthreads; i++) {
+        if (s->threads[i].pos == 0) {
+            /* A new sample: the previous one's keys become the memo. */
+            if (memo_next != NULL) {
+                memo_replace(state, memo_next, nmemo_next);
+                memo_next = NULL;
+            }
+            Py_ssize_t n = 1;
+            while (i + n < s->nthreads && s->threads[i + n].pos != 0) {
+                n++;
+            }
+            memo_next = PyMem_Calloc((size_t)n, sizeof(memo_entry));
+            if (memo_next == NULL) {
+                PyErr_NoMemory();
+                goto done;
+            }
+            nmemo_next = n;
+        }
+        if (memo_next == NULL || s->threads[i].pos >= nmemo_next) {
+            PyErr_SetString(PyExc_SystemError, "agent._fastsample: malformed snapshot");
+            goto done;
+        }
+        if (record_thread(state, counts, locs, new_loc, s, i, buf,
+                          &memo_next[s->threads[i].pos]) < 0) {
+            goto done;
+        }
+    }
+    rc = 0;
+
+done:
+    PyMem_Free(buf);
+    if (memo_next != NULL) {
+        /* Can run code (old keys go): keep a pending exception across it. */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        memo_replace(state, memo_next, nmemo_next);
+        PyErr_Restore(type, value, tb);
+    }
     return rc;
 }
 
@@ -921,43 +990,757 @@ fastsample_sample(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     head_unlock();
 
     /* Phase 2 */
-    PyObject *result = NULL;
-    PyObject **buf = NULL;
-    memo_entry *memo_next = NULL;
     if (taken < 0) {
-        PyErr_NoMemory();
-        goto done;
+        snapshot_clear(&s);
+        return PyErr_NoMemory();
     }
-    if (s.nthreads > 0) {
-        buf = PyMem_New(PyObject *, (size_t)s.max_depth);
-        memo_next = PyMem_Calloc((size_t)s.nthreads, sizeof(memo_entry));
-        if (buf == NULL || memo_next == NULL) {
-            PyErr_NoMemory();
-            goto done;
-        }
-    }
-    for (Py_ssize_t i = 0; i < s.nthreads; i++) {
-        if (record_thread(state, counts, locs, new_loc, &s, i, buf, &memo_next[i]) < 0) {
-            goto done;
-        }
-    }
-    result = Py_NewRef(Py_None);
-
-done:
-    PyMem_Free(buf);
-    /* Last: dropping references (old memo keys, code objects) can run
-     * arbitrary code. Keep a pending exception across it. */
+    int rc = record_snapshot(state, counts, locs, new_loc, &s);
     {
+        /* Last: dropping references (code objects) can run arbitrary code.
+         * Keep a pending exception across it. */
         PyObject *type, *value, *tb;
         PyErr_Fetch(&type, &value, &tb);
-        if (memo_next != NULL) {
-            memo_replace(state, memo_next, s.nthreads);
-        }
         snapshot_clear(&s);
         PyErr_Restore(type, value, tb);
     }
-    return result;
+    if (rc < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
 }
+
+
+/* ------------------------------------------------------------------------
+ * The ticker: sampling inside the thread that holds the GIL.
+ *
+ * A sampler that is a Python thread must take the GIL for every sample.
+ * Behind a busy application thread that costs far more than the walk: the
+ * application thread is asked to drop the GIL, the sampler's OS thread is
+ * woken on another CPU, walks, drops the GIL, and the application thread is
+ * woken again; on a virtual machine those two cross-CPU wake-ups cost the
+ * application about a millisecond per sample, and the sampler waits up to
+ * the switch interval (5 ms) for its turn, which caps the rate.
+ *
+ * The ticker avoids all of it. It is a native thread that never touches the
+ * GIL: at each planned instant it queues a pending call
+ * (_PyEval_AddPendingCall, the mechanism signal handlers use), and whichever
+ * thread holds the GIL runs it at its next eval-breaker check (a call or a
+ * backward jump, microseconds away). That call takes phase 1 of a sample
+ * (the snapshot: a few increfs per frame, no Python code, nothing that can
+ * release the GIL) into a queue, and returns. The application thread loses
+ * exactly the snapshot's time, measured with its own CPU clock. Phase 2
+ * (locations, tuples, counts) runs later, batched, on the agent's thread
+ * (ticker_drain), where the agent charges it.
+ *
+ * When no thread runs bytecode (the process is idle in C, or one thread
+ * holds the GIL inside a long C call), a pending call would wait. The
+ * ticker then takes the sample itself, with the GIL and a thread state of
+ * its own (ticker_serve_self): when the GIL is free that costs the
+ * application nothing. Each tick is served once, by whichever gets there
+ * first. The agent's thread is woken (a byte on its wake pipe) only to
+ * drain a long queue.
+ *
+ * CPython 3.11 runs pending calls only on the main thread, and a pending
+ * call added from another thread does not even raise the eval breaker
+ * there. So on 3.11 the ticker queues one only while the main thread holds
+ * the GIL, and raises the breaker itself; otherwise it takes the sample
+ * itself, paying (and charging) a GIL hand-off when another thread held it.
+ *
+ * A token bucket here mirrors the agent's budget guard between two of the
+ * agent's wake-ups, so a sudden rise in the cost of a sample (many new
+ * threads) cannot overspend before the agent looks: the agent sets the
+ * tokens and the rate, every snapshot pays its measured cost, and the
+ * ticker waits while the bucket cannot pay for the next one.
+ * ------------------------------------------------------------------------ */
+
+#if defined(__linux__)
+#  define HAVE_TICKER 1
+#  if PY_VERSION_HEX >= 0x030D0000
+#    define _Py_IsFinalizing Py_IsFinalizing
+#  endif
+#  include <internal/pycore_ceval.h>     /* _PyEval_AddPendingCall */
+#  if PY_VERSION_HEX < 0x030C0000
+#    include <internal/pycore_interp.h>  /* interp->ceval.eval_breaker */
+#  endif
+#  include <errno.h>
+#  include <math.h>
+#  include <pthread.h>
+#  include <signal.h>
+#  include <time.h>
+#  include <unistd.h>
+#else
+#  define HAVE_TICKER 0
+#endif
+
+#if HAVE_TICKER
+
+/* Bounds on the queue of snapshots waiting for phase 2: past them a tick is
+ * dropped (and counted) until the agent drains. */
+#define QUEUE_MAX_SAMPLES 4096
+#define QUEUE_MAX_FRAMES (1 << 20)
+/* The agent is asked to drain once this many snapshots wait. */
+#define QUEUE_DRAIN_AT 512
+/* Waiting longer than this for the GIL means someone held it. */
+#define HANDOFF_MIN_S 50e-6
+/* Ticks over which the least wake-up lateness is taken. */
+#define LATENCY_WINDOW 32
+
+typedef struct {
+    /* Set by ticker_start, read-only while the thread runs. */
+    PyInterpreterState *interp;
+    unsigned long skip;           /* the agent's thread: never sampled */
+    int wake_fd;                  /* write end of the agent's wake pipe */
+#if PY_VERSION_HEX < 0x030C0000
+    PyThreadState *main_tstate;   /* compared, never dereferenced, off the GIL */
+#endif
+    pthread_t thread;
+    int running;                  /* started and not joined; GIL-protected */
+
+    /* Guarded by mu. */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int stop;
+    uint64_t gen;                 /* bumped when the parameters change */
+    double mean_s, spread;        /* mean delay between ticks (0: paused), relative sd */
+    double rate;                  /* bucket: seconds of cost allowed per second */
+    double tokens, cap;           /* bucket: seconds available now, at most */
+    double tokens_at;             /* when tokens was last brought up to date */
+    double cost_s;                /* expected cost of one snapshot (moving average) */
+    double latency_s;             /* moving average of how late the ticker wakes */
+    double latency_floor_s;       /* the least lateness in the last window */
+    double lat_min;
+    int lat_n;
+    uint64_t rng;
+
+    /* Shared with GIL holders through atomics. */
+    uint64_t posted;              /* ticks asked for */
+    uint64_t busy;                /* ticks that found the GIL held */
+    uint64_t served;              /* the last tick served */
+    int queued;                   /* a pending call of ours waits in the interpreter */
+
+    /* The ticker thread's own thread state, for the samples it takes itself. */
+    PyThreadState *tstate;
+    PyGILState_STATE gilstate;
+    double handoff_s;             /* estimated cost of GIL hand-offs (under mu) */
+
+    /* GIL-protected. */
+    snapshot queue;
+    double app_cpu_s;             /* snapshot time taken from application threads */
+    uint64_t in_thread, by_ticker, dropped, failed;
+} ticker_state;
+
+static ticker_state ticker = {
+    .mu = PTHREAD_MUTEX_INITIALIZER,
+    .wake_fd = -1,
+};
+static int ticker_cv_ready = 0;
+
+static double
+mono_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static double
+thread_cpu_now(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) {
+        return 0.0;
+    }
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* xorshift64*, then Box-Muller: a gaussian delay around the mean, as the
+ * agent's own loop draws them (DYPER section 4: never lock step with a
+ * periodic application). Under mu. */
+static double
+ticker_uniform(void)
+{
+    uint64_t x = ticker.rng;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    ticker.rng = x;
+    return (double)((x * 0x2545F4914F6CDD1DULL) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static double
+ticker_delay(void)
+{
+    double u1 = ticker_uniform(), u2 = ticker_uniform();
+    if (u1 < 1e-12) {
+        u1 = 1e-12;
+    }
+    double g = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+    double d = ticker.mean_s * (1.0 + ticker.spread * g);
+    double floor = ticker.mean_s * 0.1;
+    return d < floor ? floor : d;
+}
+
+/* Under mu. */
+static void
+bucket_accrue(double now)
+{
+    double elapsed = now - ticker.tokens_at;
+    if (elapsed > 0) {
+        ticker.tokens += elapsed * ticker.rate;
+        if (ticker.tokens > ticker.cap) {
+            ticker.tokens = ticker.cap;
+        }
+    }
+    ticker.tokens_at = now;
+}
+
+static void
+wake_agent(void)
+{
+    int fd = __atomic_load_n(&ticker.wake_fd, __ATOMIC_ACQUIRE);
+    if (fd >= 0) {
+        char c = 't';
+        ssize_t rc = write(fd, &c, 1);   /* non-blocking; a full pipe wakes it already */
+        (void)rc;
+    }
+}
+
+/* Is the GIL held by anyone? A relaxed read: a hint, not a lock. */
+static int
+gil_locked(PyInterpreterState *interp)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    return _Py_atomic_load_int_relaxed(&interp->ceval.gil->locked);
+#elif PY_VERSION_HEX >= 0x030C0000
+    return _Py_atomic_load_relaxed(&interp->ceval.gil->locked);
+#else
+    (void)interp;
+    return _Py_atomic_load_relaxed(&_PyRuntime.ceval.gil.locked);
+#endif
+}
+
+/* Take the snapshot for the tick in flight, if it is still unserved. Called
+ * with the GIL held, from the pending call or by the ticker itself.
+ * Returns 1 if it took one. Runs no Python code. */
+static int
+serve_tick(int in_app_thread)
+{
+    uint64_t posted = __atomic_load_n(&ticker.posted, __ATOMIC_ACQUIRE);
+    if (ticker.served >= posted) {
+        return 0;
+    }
+    __atomic_store_n(&ticker.served, posted, __ATOMIC_RELEASE);
+    if (ticker.queue.nsamples >= QUEUE_MAX_SAMPLES || ticker.queue.nframes >= QUEUE_MAX_FRAMES) {
+        ticker.dropped++;
+        wake_agent();
+        return 0;
+    }
+    double t0 = in_app_thread ? thread_cpu_now() : 0.0;
+    head_lock();
+    int rc = snapshot_take(&ticker.queue, ticker.interp, 1, ticker.skip);
+    head_unlock();
+    if (rc < 0) {
+        ticker.failed++;    /* out of memory: what was taken stays queued */
+    }
+    if (in_app_thread) {
+        double cost = thread_cpu_now() - t0;
+        ticker.app_cpu_s += cost;
+        ticker.in_thread++;
+        pthread_mutex_lock(&ticker.mu);
+        ticker.tokens -= cost;
+        ticker.cost_s += 0.1 * (cost - ticker.cost_s);
+        pthread_mutex_unlock(&ticker.mu);
+    }
+    else {
+        ticker.by_ticker++;
+    }
+    if (ticker.queue.nsamples == QUEUE_DRAIN_AT) {
+        wake_agent();
+    }
+    return 1;
+}
+
+/* The pending call. Runs in whichever thread holds the GIL and reaches an
+ * eval-breaker check; must never fail (an error here would surface in the
+ * application), so it always returns 0. */
+static int
+ticker_pending_call(void *arg)
+{
+    (void)arg;
+    __atomic_store_n(&ticker.queued, 0, __ATOMIC_RELEASE);
+    if (_Py_IsFinalizing()) {
+        return 0;
+    }
+    PyThreadState *me = PyThreadState_Get();
+    if (me->interp != ticker.interp) {
+        return 0;
+    }
+    serve_tick(me->thread_id != ticker.skip);
+    return 0;
+}
+
+/* Ask for one sample. Returns 0 if a pending call will take it, 1 if the
+ * ticker must take it itself. Called on the ticker thread, without mu. */
+static int
+ticker_tick(void)
+{
+    __atomic_add_fetch(&ticker.posted, 1, __ATOMIC_ACQ_REL);
+    if (__atomic_load_n(&ticker.queued, __ATOMIC_ACQUIRE)) {
+        /* The last pending call has not run: nobody reached an eval-breaker
+         * check for a whole period (idle in C, or one long C call). */
+        if (gil_locked(ticker.interp)) {
+            __atomic_add_fetch(&ticker.busy, 1, __ATOMIC_RELAXED);
+        }
+        return 1;
+    }
+    if (!gil_locked(ticker.interp)) {
+        return 1;          /* idle in C: the GIL is free, no hand-off to pay */
+    }
+    __atomic_add_fetch(&ticker.busy, 1, __ATOMIC_RELAXED);
+#if PY_VERSION_HEX >= 0x030C0000
+    __atomic_store_n(&ticker.queued, 1, __ATOMIC_RELEASE);
+#  if PY_VERSION_HEX >= 0x030D0000
+    int rc = _PyEval_AddPendingCall(ticker.interp, ticker_pending_call, NULL, 0)
+             == _Py_ADD_PENDING_SUCCESS ? 0 : -1;
+#  else
+    int rc = _PyEval_AddPendingCall(ticker.interp, ticker_pending_call, NULL, 0);
+#  endif
+    if (rc != 0) {
+        __atomic_store_n(&ticker.queued, 0, __ATOMIC_RELEASE);
+        return 1;
+    }
+    return 0;
+#else
+    /* 3.11: only the main thread runs pending calls. */
+    PyThreadState *holder = (PyThreadState *)_Py_atomic_load_relaxed(&_PyRuntime.gilstate.tstate_current);
+    if (ticker.main_tstate == NULL || holder != ticker.main_tstate) {
+        return 1;
+    }
+    __atomic_store_n(&ticker.queued, 1, __ATOMIC_RELEASE);
+    if (_PyEval_AddPendingCall(ticker.interp, ticker_pending_call, NULL) != 0) {
+        __atomic_store_n(&ticker.queued, 0, __ATOMIC_RELEASE);
+        return 1;
+    }
+    /* Adding it from a thread that cannot run it leaves the breaker down
+     * (COMPUTE_EVAL_BREAKER asks the calling thread); raise it for the
+     * main thread, which recomputes it once the call has run. */
+    _Py_atomic_store_relaxed(&ticker.interp->ceval.eval_breaker, 1);
+    return 0;
+#endif
+}
+
+/* The ticker takes the sample itself, with the GIL: its own thread state is
+ * made on first need and kept. Waiting for the GIL here costs the
+ * application nothing while the GIL is free; when another thread held it
+ * (inside C, or on 3.11 a thread other than the main one), that thread
+ * waits for us on its way back: charged as the time we held it plus two
+ * wake-ups (ours and its own), each as long as the ticker's measured wake
+ * latency. The ticker's CPU time is charged as a whole (ticker_stats). */
+static void
+ticker_serve_self(void)
+{
+    if (_Py_IsFinalizing()) {
+        return;
+    }
+    if (ticker.tstate == NULL) {
+        PyGILState_STATE g = PyGILState_Ensure();
+        ticker.gilstate = g;
+        ticker.tstate = PyEval_SaveThread();
+    }
+    double t0 = mono_now();
+    int contended = gil_locked(ticker.interp);
+    PyEval_RestoreThread(ticker.tstate);
+    double t1 = mono_now();
+    serve_tick(0);
+    double held = mono_now() - t1;
+    ticker.tstate = PyEval_SaveThread();
+    pthread_mutex_lock(&ticker.mu);
+    ticker.tokens -= held;
+    if (contended && t1 - t0 > HANDOFF_MIN_S) {
+        double handoff = held + 2.0 * ticker.latency_floor_s;
+        ticker.handoff_s += handoff;
+        ticker.tokens -= handoff;
+    }
+    pthread_mutex_unlock(&ticker.mu);
+}
+
+/* On the ticker thread, as it ends: give its thread state back. */
+static void
+ticker_release_tstate(void)
+{
+    if (ticker.tstate != NULL && !_Py_IsFinalizing()) {
+        PyEval_RestoreThread(ticker.tstate);
+        ticker.tstate = NULL;
+        PyGILState_Release(ticker.gilstate);
+    }
+}
+
+static void *
+ticker_main(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&ticker.mu);
+    uint64_t gen = ticker.gen;
+    double next = mono_now() + (ticker.mean_s > 0 ? ticker_delay() : 0.0);
+    while (!ticker.stop) {
+        double wake_at = ticker.mean_s > 0 ? next : mono_now() + 3600.0;
+        struct timespec ts;
+        ts.tv_sec = (time_t)wake_at;
+        ts.tv_nsec = (long)((wake_at - (double)ts.tv_sec) * 1e9);
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        int rc = pthread_cond_timedwait(&ticker.cv, &ticker.mu, &ts);
+        if (ticker.stop) {
+            break;
+        }
+        double now = mono_now();
+        if (ticker.gen != gen) {
+            gen = ticker.gen;
+            next = now + (ticker.mean_s > 0 ? ticker_delay() : 0.0);
+            continue;
+        }
+        if (rc != ETIMEDOUT || now < wake_at || ticker.mean_s <= 0) {
+            continue;    /* spurious, or paused */
+        }
+        double late = now - wake_at;
+        ticker.latency_s += 0.1 * (late - ticker.latency_s);
+        /* The floor: the least lateness of the last LATENCY_WINDOW ticks, what
+         * a wake-up costs when no other thread keeps the CPU busy. */
+        if (late < ticker.lat_min) {
+            ticker.lat_min = late;
+        }
+        if (++ticker.lat_n >= LATENCY_WINDOW) {
+            ticker.latency_floor_s = ticker.lat_min;
+            ticker.lat_min = 1e9;
+            ticker.lat_n = 0;
+        }
+        bucket_accrue(now);
+        if (ticker.tokens < ticker.cost_s) {
+            /* Over budget until the bucket refills (or the agent, waking up,
+             * sets new tokens: gen changes and the wait ends). */
+            double wait = ticker.rate > 0 ? (ticker.cost_s - ticker.tokens) / ticker.rate : 1.0;
+            next = now + (wait < 3600.0 ? wait : 3600.0);
+            continue;
+        }
+        next = now + ticker_delay();
+        pthread_mutex_unlock(&ticker.mu);
+        if (ticker_tick()) {
+            ticker_serve_self();
+        }
+        pthread_mutex_lock(&ticker.mu);
+    }
+    pthread_mutex_unlock(&ticker.mu);
+    ticker_release_tstate();
+    return NULL;
+}
+
+static void
+ticker_after_fork_child(void)
+{
+    /* Only the forking thread survives in the child: no ticker thread, and
+     * mu may have been held by it. */
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    ticker.mu = fresh;
+    ticker_cv_ready = 0;
+    ticker.running = 0;
+    ticker.stop = 0;
+    ticker.queued = 0;
+    ticker.wake_fd = -1;
+    ticker.tstate = NULL;     /* deleted by the child's PyOS_AfterFork_Child */
+}
+
+static int
+ticker_init_cv(void)
+{
+    if (ticker_cv_ready) {
+        return 0;
+    }
+    pthread_condattr_t attr;
+    if (pthread_condattr_init(&attr) != 0) {
+        return -1;
+    }
+    int rc = pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    if (rc == 0) {
+        rc = pthread_cond_init(&ticker.cv, &attr);
+    }
+    pthread_condattr_destroy(&attr);
+    if (rc != 0) {
+        return -1;
+    }
+    ticker_cv_ready = 1;
+    return 0;
+}
+
+PyDoc_STRVAR(ticker_start_doc,
+"ticker_start(skip_ident, wake_fd, /) -> None\n"
+"\n"
+"Start the ticker thread, paused until ticker_set() gives it a delay.\n"
+"skip_ident: the calling (agent) thread, never sampled; wake_fd: the write\n"
+"end of a non-blocking pipe the agent polls, written when the queue should\n"
+"be drained (ticker_drain).");
+
+static PyObject *
+fastsample_ticker_start(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "ticker_start() takes exactly 2 arguments");
+        return NULL;
+    }
+    unsigned long skip = PyLong_AsUnsignedLong(args[0]);
+    if (skip == (unsigned long)-1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    long fd_long = PyLong_AsLong(args[1]);
+    if (fd_long == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (fd_long < 0 || fd_long > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "wake_fd must be a file descriptor");
+        return NULL;
+    }
+    int fd = (int)fd_long;
+    if (ticker.running) {
+        PyErr_SetString(PyExc_RuntimeError, "the ticker is already running");
+        return NULL;
+    }
+    if (ticker_init_cv() < 0) {
+        PyErr_SetString(PyExc_OSError, "could not set up the ticker's condition variable");
+        return NULL;
+    }
+    static int atfork_done = 0;
+    if (!atfork_done) {
+        if (pthread_atfork(NULL, NULL, ticker_after_fork_child) != 0) {
+            PyErr_SetString(PyExc_OSError, "pthread_atfork failed");
+            return NULL;
+        }
+        atfork_done = 1;
+    }
+    if (ticker.queue.nsamples > 0 || ticker.queue.nframes > 0) {
+        /* Left from an earlier run (or, after a fork, the parent's). */
+        snapshot stale = ticker.queue;
+        memset(&ticker.queue, 0, sizeof(ticker.queue));
+        snapshot_clear(&stale);
+    }
+    /* Counters start afresh with each run. */
+    ticker.app_cpu_s = 0.0;
+    ticker.handoff_s = 0.0;
+    ticker.in_thread = ticker.by_ticker = ticker.dropped = ticker.failed = 0;
+    PyThreadState *me = PyThreadState_Get();
+    ticker.interp = me->interp;
+    ticker.skip = skip;
+#if PY_VERSION_HEX < 0x030C0000
+    ticker.main_tstate = NULL;
+    head_lock();
+    for (PyThreadState *t = PyInterpreterState_ThreadHead(me->interp); t != NULL; t = PyThreadState_Next(t)) {
+        if (t->thread_id == _PyRuntime.main_thread) {
+            ticker.main_tstate = t;
+        }
+    }
+    head_unlock();
+#endif
+    pthread_mutex_lock(&ticker.mu);
+    ticker.stop = 0;
+    ticker.mean_s = 0.0;
+    ticker.spread = 0.25;
+    ticker.rate = 0.0;
+    ticker.tokens = 0.0;
+    ticker.cap = 0.0;
+    ticker.tokens_at = mono_now();
+    ticker.cost_s = 10e-6;
+    ticker.latency_s = 0.0;
+    ticker.latency_floor_s = 100e-6;   /* until the first window is in */
+    ticker.lat_min = 1e9;
+    ticker.lat_n = 0;
+    ticker.rng = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ULL ^ (uint64_t)(uintptr_t)&ticker ^ (uint64_t)getpid();
+    if (ticker.rng == 0) {
+        ticker.rng = 88172645463325252ULL;
+    }
+    __atomic_store_n(&ticker.wake_fd, fd, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&ticker.mu);
+    __atomic_store_n(&ticker.served, __atomic_load_n(&ticker.posted, __ATOMIC_ACQUIRE), __ATOMIC_RELEASE);
+    /* Signals go to the application's threads, never to ours. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int rc = pthread_create(&ticker.thread, NULL, ticker_main, NULL);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0) {
+        __atomic_store_n(&ticker.wake_fd, -1, __ATOMIC_RELEASE);
+        errno = rc;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    ticker.running = 1;
+    /* Named from here, so it carries the name as soon as this returns. */
+    pthread_setname_np(ticker.thread, "dyper-ticker");
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(ticker_set_doc,
+"ticker_set(mean_s, spread, rate, tokens, cap, /) -> None\n"
+"\n"
+"The mean delay between samples (0 pauses) and its relative spread; the\n"
+"bucket: cost allowed per second, seconds available now (negative: in\n"
+"debt), and at most.");
+
+static PyObject *
+fastsample_ticker_set(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "ticker_set() takes exactly 5 arguments");
+        return NULL;
+    }
+    double v[5];
+    for (int i = 0; i < 5; i++) {
+        v[i] = PyFloat_AsDouble(args[i]);
+        if (v[i] == -1.0 && PyErr_Occurred()) {
+            return NULL;
+        }
+        /* Tokens may be negative: the agent is in debt. */
+        if (!isfinite(v[i]) || (v[i] < 0 && i != 3)) {
+            PyErr_SetString(PyExc_ValueError, "ticker_set() takes finite numbers, all but tokens non-negative");
+            return NULL;
+        }
+    }
+    pthread_mutex_lock(&ticker.mu);
+    int changed = v[0] != ticker.mean_s;
+    ticker.mean_s = v[0];
+    ticker.spread = v[1];
+    ticker.rate = v[2];
+    ticker.tokens = v[3] < v[4] ? v[3] : v[4];
+    ticker.cap = v[4];
+    ticker.tokens_at = mono_now();
+    /* A new delay takes effect at once; new tokens end a wait for money. */
+    ticker.gen++;
+    (void)changed;
+    if (ticker_cv_ready) {
+        pthread_cond_signal(&ticker.cv);
+    }
+    pthread_mutex_unlock(&ticker.mu);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(ticker_drain_doc,
+"ticker_drain(counts, locs, new_loc, /) -> int\n"
+"\n"
+"Phase 2 for every queued snapshot, as sample() does for one; returns the\n"
+"number of samples drained.");
+
+static PyObject *
+fastsample_ticker_drain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "ticker_drain() takes exactly 3 arguments");
+        return NULL;
+    }
+    PyObject *counts = args[0], *locs = args[1], *new_loc = args[2];
+    if (!PyDict_CheckExact(counts) || !PyDict_CheckExact(locs)) {
+        PyErr_SetString(PyExc_TypeError, "counts and locs must be dicts");
+        return NULL;
+    }
+    module_state *state = PyModule_GetState(module);
+    if (state == NULL) {
+        return NULL;
+    }
+    /* Detach the queue first: phase 2 may run Python code, and with it
+     * pending calls that queue new snapshots. */
+    snapshot s = ticker.queue;
+    memset(&ticker.queue, 0, sizeof(ticker.queue));
+    Py_ssize_t n = s.nsamples;
+    int rc = record_snapshot(state, counts, locs, new_loc, &s);
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    snapshot_clear(&s);
+    PyErr_Restore(type, value, tb);
+    if (rc < 0) {
+        return NULL;
+    }
+    return PyLong_FromSsize_t(n);
+}
+
+PyDoc_STRVAR(ticker_stats_doc,
+"ticker_stats() -> dict\n"
+"\n"
+"Counters since ticker_start: app_cpu_s (snapshot time taken in application\n"
+"threads), ticker_cpu_s (the ticker thread's own CPU time), handoff_s (GIL\n"
+"hand-offs the ticker's own samples cost other threads, estimated),\n"
+"ticks (asked for) and busy_ticks (of those, found the GIL held),\n"
+"in_thread and by_ticker (samples taken each way), dropped (queue full), failed (out of\n"
+"memory), queued (snapshots waiting for ticker_drain), latency_s (how late\n"
+"the ticker wakes, a moving average; latency_floor_s, the least of the last\n"
+"32 ticks), cost_s (a snapshot's cost, moving\n"
+"average), tokens_s (the bucket now).");
+
+static PyObject *
+fastsample_ticker_stats(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    double ticker_cpu = 0.0;
+    if (ticker.running) {
+        clockid_t cid;
+        struct timespec ts;
+        if (pthread_getcpuclockid(ticker.thread, &cid) == 0 && clock_gettime(cid, &ts) == 0) {
+            ticker_cpu = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+        }
+    }
+    pthread_mutex_lock(&ticker.mu);
+    double latency = ticker.latency_s, cost = ticker.cost_s, handoff = ticker.handoff_s;
+    double floor_s = ticker.latency_floor_s;
+    bucket_accrue(mono_now());
+    double tokens = ticker.tokens;
+    pthread_mutex_unlock(&ticker.mu);
+    return Py_BuildValue(
+        "{s:d,s:d,s:d,s:K,s:K,s:K,s:K,s:K,s:K,s:n,s:d,s:d,s:d,s:d}",
+        "app_cpu_s", ticker.app_cpu_s,
+        "ticker_cpu_s", ticker_cpu,
+        "handoff_s", handoff,
+        "ticks", (unsigned long long)__atomic_load_n(&ticker.posted, __ATOMIC_ACQUIRE),
+        "busy_ticks", (unsigned long long)__atomic_load_n(&ticker.busy, __ATOMIC_RELAXED),
+        "in_thread", (unsigned long long)ticker.in_thread,
+        "by_ticker", (unsigned long long)ticker.by_ticker,
+        "dropped", (unsigned long long)ticker.dropped,
+        "failed", (unsigned long long)ticker.failed,
+        "queued", ticker.queue.nsamples,
+        "latency_s", latency,
+        "latency_floor_s", floor_s,
+        "cost_s", cost,
+        "tokens_s", tokens);
+}
+
+PyDoc_STRVAR(ticker_stop_doc,
+"ticker_stop() -> None\n"
+"\n"
+"Stop and join the ticker thread (it never waits for the GIL, so this\n"
+"cannot deadlock). Queued snapshots stay for a last ticker_drain; a pending\n"
+"call still in the interpreter's queue finds nothing to serve.");
+
+static PyObject *
+fastsample_ticker_stop(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    if (!ticker.running) {
+        Py_RETURN_NONE;
+    }
+    pthread_mutex_lock(&ticker.mu);
+    ticker.stop = 1;
+    pthread_cond_signal(&ticker.cv);
+    pthread_mutex_unlock(&ticker.mu);
+    Py_BEGIN_ALLOW_THREADS
+    pthread_join(ticker.thread, NULL);
+    Py_END_ALLOW_THREADS
+    ticker.running = 0;
+    __atomic_store_n(&ticker.wake_fd, -1, __ATOMIC_RELEASE);
+    /* Whatever was asked and not served is forgotten. */
+    __atomic_store_n(&ticker.served, __atomic_load_n(&ticker.posted, __ATOMIC_ACQUIRE), __ATOMIC_RELEASE);
+    Py_RETURN_NONE;
+}
+
+#endif  /* HAVE_TICKER */
 
 
 /* ------------------------------------------------------------------------
@@ -1061,6 +1844,13 @@ self_check(void)
 
 static PyMethodDef fastsample_methods[] = {
     {"sample", (PyCFunction)(void (*)(void))fastsample_sample, METH_FASTCALL, sample_doc},
+#if HAVE_TICKER
+    {"ticker_start", (PyCFunction)(void (*)(void))fastsample_ticker_start, METH_FASTCALL, ticker_start_doc},
+    {"ticker_set", (PyCFunction)(void (*)(void))fastsample_ticker_set, METH_FASTCALL, ticker_set_doc},
+    {"ticker_drain", (PyCFunction)(void (*)(void))fastsample_ticker_drain, METH_FASTCALL, ticker_drain_doc},
+    {"ticker_stats", fastsample_ticker_stats, METH_NOARGS, ticker_stats_doc},
+    {"ticker_stop", fastsample_ticker_stop, METH_NOARGS, ticker_stop_doc},
+#endif
     {NULL, NULL, 0, NULL}
 };
 
@@ -1078,6 +1868,9 @@ fastsample_exec(PyObject *module)
     state->cache.gen = 1;
     state->cache.enabled = version_tags_work();
     if (PyModule_AddIntConstant(module, "CACHE_ENABLED", state->cache.enabled) < 0) {
+        return -1;
+    }
+    if (PyModule_AddIntConstant(module, "TICKER", HAVE_TICKER) < 0) {
         return -1;
     }
     if (PyModule_AddIntConstant(module, "MAX_DEPTH", MAX_DEPTH) < 0) {

@@ -178,6 +178,11 @@ class Guard:
         self._tokens -= seconds
         self.spent_s += seconds
 
+    def tokens(self, now: float) -> float:
+        """Seconds that may be spent now; negative while in debt."""
+        self._accrue(now)
+        return self._tokens
+
     def wait_needed(self, now: float, expected_s: float = 0.0) -> float:
         """Seconds to wait before an operation expected to cost ``expected_s`` may start.
 

@@ -44,6 +44,11 @@ try:  # the optional C walker (agent/_fastsample.c); the pure-Python one is the 
 except ImportError:  # not built for this interpreter
     _fast = None
 
+#: Sampling through the C ticker (see "The ticker" in agent/_fastsample.c):
+#: snapshots taken inside the thread that holds the GIL, no hand-off. On
+#: unless DYPER_TICKER=0 (the agent's own thread then samples, as before).
+TICKER: Final = bool(_fast is not None and getattr(_fast, "TICKER", 0)) and os.environ.get("DYPER_TICKER") != "0"
+
 THREAD_NAME: Final = "dyper-sampler"
 AGENT_VERSION: Final = "0.1.0"
 
@@ -62,6 +67,14 @@ REPLAN_S: Final = 1.0
 #: Sample counts after which the plan is redone at once, so the first plan's
 #: deliberately high cost guess does not hold sampling back for a whole second.
 _EARLY_REPLANS: Final = frozenset({1, 2, 4, 8, 16, 32})
+#: Snapshots the ticker may queue before the loop drains them between reports.
+TICKER_DRAIN_AT: Final = 512
+#: Until this many samples are in, the loop drains after TICKER_EARLY_DRAIN_S,
+#: then twice that, and so on, at most TICKER_EARLY_DRAINS times, and replans,
+#: so the first plan's high cost guess is soon replaced.
+TICKER_EARLY_SAMPLES: Final = 64
+TICKER_EARLY_DRAIN_S: Final = 0.1
+TICKER_EARLY_DRAINS: Final = 5
 #: How often to retry the hello while no monitor has accepted the connection.
 HELLO_RETRY_S: Final = 0.5
 #: Weight of a new measurement in the moving averages of costs.
@@ -78,6 +91,7 @@ BURST_OVERRUN: Final = 1.0
 #: While a burst runs, the loop wakes at least this often to charge its
 #: slowdown as it accrues (and end it if it overruns) ...
 BURST_TICK_S: Final = 0.02
+BURST_TICK_MAX_S: Final = 0.25
 #: ... and while requests wait for money, this often to start what has become affordable.
 DETAIL_TICK_S: Final = 0.1
 #: Built-in proflets whose collectors run in the agent by default. On 3.11 the
@@ -233,6 +247,13 @@ class Agent:
         #: delays in force: the local plan's, or the monitor's where they spend less
         self.sample_delay_s = self.plan.sample_delay_s
         self.report_delay_s = self.plan.report_delay_s
+        #: sampling through the C ticker; decided when the loop starts
+        self.ticker = False
+        self._ticker_last: dict[str, Any] = {}
+        #: costs charged since the last drain, spread over the samples it brought
+        self._undrained_s = 0.0
+        #: expected GIL hand-off cost of one wake-up of the agent's thread
+        self._handoff_s = 0.0
 
     # --- control, from any thread ---------------------------------------------------
 
@@ -309,6 +330,10 @@ class Agent:
             for collector in self.collectors.values():
                 with contextlib.suppress(Exception):
                     collector.close()
+            if self.ticker:
+                # Before the pipe it writes to closes.
+                with contextlib.suppress(Exception):
+                    _fast.ticker_stop()
             for fd in (self._wake_r, self._wake_w):
                 with contextlib.suppress(OSError):
                     os.close(fd)
@@ -325,8 +350,18 @@ class Agent:
         poller.register(self._wake_r, zmq.POLLIN)
         self._start_collectors()
         self._hello_sent = self._send_hello(sock)
+        if TICKER:
+            try:
+                _fast.ticker_start(self._ident, self._wake_w)
+            except Exception as exc:  # e.g. no thread could be started: sample from here
+                self.errors.append(f"ticker unavailable ({exc}); sampling from the agent's thread")
+            else:
+                self.ticker = True
+                self._ticker_last = _fast.ticker_stats()
+                self._sync_ticker()
         now = self.clock()
-        next_sample = now + self._jitter(self.sample_delay_s)
+        next_sample = now + (TICKER_EARLY_DRAIN_S if self.ticker else self._jitter(self.sample_delay_s))
+        early_drains = 0
         next_report = now + self.report_delay_s
         next_hello = now + HELLO_RETRY_S
         next_replan = now + REPLAN_S
@@ -340,7 +375,17 @@ class Agent:
             if now >= next_replan or (self._monitor_plan is not None and now >= self._monitor_plan_until):
                 self._replan()
                 next_replan = now + REPLAN_S
-            if now >= next_sample:
+            if self.ticker:
+                # Early on, drain every now and then: the plan waits for
+                # measured costs. Backing off, since each wake-up has its price.
+                early = self._samples_total < TICKER_EARLY_SAMPLES and early_drains < TICKER_EARLY_DRAINS
+                self._ticker_step(drain=early and now >= next_sample)
+                if early and now >= next_sample:
+                    early_drains += 1
+                    next_sample = now + TICKER_EARLY_DRAIN_S * 2**early_drains
+                elif not early:
+                    next_sample = math.inf
+            elif now >= next_sample:
                 wait = self.guard.wait_needed(now, self.sample_cost_s)
                 if wait > 0:
                     next_sample = now + wait
@@ -382,14 +427,28 @@ class Agent:
                 self._pending_budget = None
                 self._apply_budget(budget)
                 next_sample = min(next_sample, self.clock() + self.sample_delay_s)
-            wake = min(next_sample, next_report, self._detail_at if self.collectors else math.inf)
+            wake = min(
+                next_sample,
+                next_report,
+                self._detail_at if self.collectors else math.inf,
+            )
             # Round up: a sub-millisecond wait truncated to poll(0) would make
             # this loop spin, taking the GIL from the application each time.
             rest = _cost_clock() - awake_from - self._accounted_s
+            if self.ticker:
+                # This wake-up took the GIL too. Behind a busy thread that is a
+                # hand-off: the thread waits for this one to wake up and for
+                # itself to wake up again, each about as long as the ticker's
+                # measured wake-up lateness on an otherwise idle CPU (the least
+                # of its recent ones: the rest is waiting for a CPU, which the
+                # application would do anyway). Charged as expected: times the
+                # share of ticks that found the GIL held.
+                rest += self._handoff_s
             if rest > 0:
                 self._window_costs["wake"] += rest
                 self.guard.charge(rest, self.clock())
                 self.wake_cost_s += EWMA_ALPHA * (rest - self.wake_cost_s)
+                self._undrained_s += rest
             remaining_ms = (wake - self.clock()) * 1000.0
             timeout_ms = math.ceil(remaining_ms) if remaining_ms > 0 else 0
             for item, _ in poller.poll(timeout_ms):
@@ -399,6 +458,8 @@ class Agent:
                 else:
                     self._receive(sock)
         # Leaving: end bursts, the last counts and a bye, best effort and never blocking.
+        if self.ticker:
+            _fast.ticker_stop()
         for name in list(self._bursts):
             self._stop_burst(name, self.clock())
         if self._hello_sent:
@@ -425,7 +486,9 @@ class Agent:
         now = self.clock()
         self.plan = plan(
             self.budget,
-            self.sample_cost_s + self.wake_cost_s,
+            # With the ticker the loop's wake-ups are spread over the samples
+            # each drain brings (_undrained_s), already in sample_cost_s.
+            self.sample_cost_s + (0.0 if self.ticker else self.wake_cost_s),
             self.report_cost_s,
             self._fitted_costs(),
             self.sample_lag_s,
@@ -443,6 +506,70 @@ class Agent:
             report = max(report, float(theirs.get("report_delay_s", report)))
             self.scheduler.set_delays({}, now)
         self.sample_delay_s, self.report_delay_s = sample, report
+        if self.ticker:
+            self._sync_ticker()
+
+    # --- sampling through the ticker ------------------------------------------------
+
+    @property
+    def samples_taken(self) -> int:
+        """Samples taken so far, those still in the ticker's queue included."""
+        queued = _fast.ticker_stats()["queued"] if self.ticker else 0
+        return self._samples_total + int(queued)
+
+    def _sync_ticker(self) -> None:
+        """Give the ticker the planned delay and the guard's money."""
+        budget = self.budget
+        _fast.ticker_set(
+            self.sample_delay_s if budget > 0 else 0.0,
+            0.25,
+            budget,
+            self.guard.tokens(self.clock()),
+            budget * self.guard.capacity_s,
+        )
+
+    def _ticker_step(self, drain: bool) -> None:
+        """Drain the ticker's queue when asked or long, charge what sampling cost.
+
+        The costs: the snapshots taken in application threads (their CPU
+        time, measured there), the ticker thread's own CPU time (its timer
+        and the samples it takes itself), the GIL hand-offs those cost
+        other threads (estimated by the ticker), and the drains run here.
+        Per-sample cost for planning is all of it, and the loop's wake-ups,
+        over the samples drained.
+        """
+        t0 = _cost_clock()
+        stats = _fast.ticker_stats()
+        last = self._ticker_last
+        if drain or stats["queued"] >= TICKER_DRAIN_AT or stats["dropped"] > last["dropped"]:
+            n = _fast.ticker_drain(self.counts, self.tables.locs, self.tables.new_loc)
+            self._after_samples(n)
+        else:
+            n = 0
+        own = _cost_clock() - t0
+        elsewhere = sum(stats[k] - last[k] for k in ("app_cpu_s", "ticker_cpu_s", "handoff_s"))
+        self._ticker_last = stats
+        self.dropped["samples"] += stats["dropped"] - last["dropped"]
+        spent = own + elsewhere
+        self._window_costs["sample"] += spent
+        self._accounted_s += own
+        self.guard.charge(spent, self.clock())
+        self.max_op_s = max(self.max_op_s, own)
+        self.sample_lag_s = stats["latency_s"]
+        ticks = stats["ticks"] - last["ticks"]
+        if ticks > 0:
+            busy = (stats["busy_ticks"] - last["busy_ticks"]) / ticks
+            self._handoff_s = busy * 2.0 * stats["latency_floor_s"]
+        self._undrained_s += spent
+        if n > 0:
+            per_sample = self._undrained_s / n
+            self._undrained_s = 0.0
+            self._samples_total += n
+            alpha = max(EWMA_ALPHA * 4, min(1.0, n / self._samples_total))
+            self.sample_cost_s += alpha * (per_sample - self.sample_cost_s)
+            if self._samples_total < TICKER_EARLY_SAMPLES:
+                self._replan()
+        self._sync_ticker()
 
     # --- detailing ----------------------------------------------------------------------
 
@@ -497,7 +624,7 @@ class Agent:
             # End it when the next tick would pass the reservation, not after:
             # the sampler may wait a switch interval for the GIL before it looks again.
             rate = slowdown / max(now - burst.start, 1e-3)
-            if now >= burst.end or slowdown + rate * (BURST_TICK_S + 0.005) > BURST_OVERRUN * burst.reserved_s:
+            if now >= burst.end or slowdown + rate * (self._burst_tick_s() + 0.005) > BURST_OVERRUN * burst.reserved_s:
                 self._stop_burst(name, now)
 
         def affordable(name: str) -> bool:
@@ -559,10 +686,22 @@ class Agent:
             return math.inf
         now = self.clock()
         if self._bursts:
-            return min(now + BURST_TICK_S, min(b.end for b in self._bursts.values()))
+            return min(now + self._burst_tick_s(), min(b.end for b in self._bursts.values()))
         if self.scheduler.queue.waiting:
-            return now + DETAIL_TICK_S
+            # Look again when the cheapest waiting request is paid for: each
+            # look wakes this thread, which is not free either.
+            wait = min(
+                self.guard.wait_needed(now, cost(self._burst_costs(name)) / 1000.0)
+                for name in self.scheduler.queue.waiting
+            )
+            return now + max(DETAIL_TICK_S, wait)
         return self.scheduler.next_event()
+
+    def _burst_tick_s(self) -> float:
+        """How often a running burst is charged and checked: a fifth of the
+        shortest, within BURST_TICK_S and BURST_TICK_MAX_S."""
+        shortest = min(b.end - b.start for b in self._bursts.values())
+        return min(BURST_TICK_MAX_S, max(BURST_TICK_S, shortest / 5.0))
 
     def _candidates(self) -> list[Any]:
         """Code objects of the hottest functions by self samples, hottest first."""
@@ -606,7 +745,10 @@ class Agent:
             _fast.sample(self.counts, self.tables.locs, self.tables.new_loc, self._ident)
         else:
             self._sample_python()
-        self.samples_in_window += 1
+        self._after_samples(1)
+
+    def _after_samples(self, n: int) -> None:
+        self.samples_in_window += n
         if len(self.counts) > MAX_PENDING_STACKS:
             # The monitor has been away long enough to fill the table: drop
             # these samples (counted) rather than grow without bound.
@@ -657,6 +799,8 @@ class Agent:
         return names
 
     def _report(self, sock: zmq.Socket[Any]) -> None:
+        if self.ticker:
+            self._ticker_step(drain=True)
         t0 = _cost_clock()
         now = self.clock()
         self.tables.flag_leaves({stack[0] for _, stack in self.counts if stack})

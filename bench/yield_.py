@@ -56,9 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     a = agent._agent
     assert a is not None
     time.sleep(1.0)  # let the first plans settle on measured costs
-    s0, spent0, t0 = a._samples_total, a.guard.spent_s, time.monotonic()
+    s0, spent0, t0 = a.samples_taken, a.guard.spent_s, time.monotonic()
     time.sleep(args.seconds)
-    s1, spent1, t1 = a._samples_total, a.guard.spent_s, time.monotonic()
+    s1, spent1, t1 = a.samples_taken, a.guard.spent_s, time.monotonic()
     result = {
         "python": platform.python_version(),
         "machine": f"{platform.processor() or platform.machine()}, {threading.active_count()} threads",
