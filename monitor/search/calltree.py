@@ -32,7 +32,6 @@ parent) and the cums and bases of the paths of length 1 are built at load.
 from __future__ import annotations
 
 import re
-from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, cast
@@ -161,16 +160,17 @@ class _TreeBuilder:
     Nodes are created in the order stacks mention them, which puts every parent
     before its children but does not make subtrees contiguous; :meth:`finish`
     computes subtree sizes and lays the nodes out in preorder. The per-node
-    columns are ``array('q')``, which numpy takes over without a conversion.
+    columns are lists while they grow (appending to a list is three times as
+    fast as to an ``array('q')``, and numpy converts a list at about 80 ns a node).
     """
 
     def __init__(self) -> None:
         self.names: list[str] = []
         self.name_ids: dict[str, int] = {}
-        self.parent = array("q")
-        self.name = array("q")
-        self.cost = array("q")
-        self.depth = array("q")
+        self.parent: list[NodeId] = []
+        self.name: list[int] = []
+        self.cost: list[int] = []
+        self.depth: list[int] = []
         # (parent + 1) << 32 | name id -> child; parent -1 stands for "no parent" (a root).
         self.children: dict[int, NodeId] = {}
 
@@ -244,8 +244,8 @@ class _TreeBuilder:
         return CallTreeProfile(tree)
 
 
-def _ints(column: array[int]) -> Ints:
-    return np.frombuffer(column, dtype=np.int64).copy() if len(column) else np.zeros(0, np.int64)
+def _ints(column: list[int]) -> Ints:
+    return np.array(column, dtype=np.int64)
 
 
 def _levels(depth: Ints) -> list[Ints]:
@@ -518,9 +518,8 @@ class CallTreeProfile:
         self._rank = _frozen(rank)
         # The paths of length 1: every suggester ranks all of them, and zooming starts at one.
         self._name_base = _frozen(_segment_sums(self._cost[self._by_name], self._name_start))
-        self._name_cum = _frozen(self._outermost_cums(self._by_name, self._by_name, self._name_start))
-        self._top_index = self._one_name_listings(at_top=True)
-        self._bottom_index = self._one_name_listings(at_top=False)
+        self._name_cum = _frozen(self._outermost_cums(self._by_name, self._cum[self._by_name], self._name_start))
+        self._top_index, self._bottom_index = self._one_name_listings()
         self._total = int(tree.cost.sum())
         # Path -> cum. A search asks for the same cums again and again (a selection
         # is zoomed, listed, then overlapped with the labels), and listing the
@@ -907,7 +906,7 @@ class CallTreeProfile:
         else:
             general = np.ones(len(listing), bool)
         general &= sizes > 1
-        cums = self._outermost_cums(listing.finals, listing.roots, bounds)
+        cums = self._outermost_cums(listing.finals, self._occurrence_values(listing.finals, listing.roots), bounds)
         if general.any():
             which = np.flatnonzero(general)
             finals = listing.finals[general[listing.group_of_occurrences()]]
@@ -937,7 +936,7 @@ class CallTreeProfile:
         order = np.argsort(finals)
         finals, roots, index = finals[order], roots[order], index[order]
         if listing.separate:
-            values = self._cum[finals] + self._above[finals] - self._above[roots]
+            values = self._occurrence_values(finals, roots)
             return self._counted_prefixes(finals, index, values, _NO_INTS, _NO_INTS, count)
         length = len(listing.path) + 1
         interior, first = _first_of(self._chains(finals, length), np.tile(index, length - 1), count + 1)
@@ -1021,38 +1020,60 @@ class CallTreeProfile:
             finals, roots = finals[outermost], roots[outermost]
         return int(cum[finals].sum() + above[finals].sum() - above[roots].sum())
 
-    def _outermost_cums(self, finals: Ints, roots: Ints, bounds: Ints) -> Ints:
-        """:meth:`_outermost_cum` of every group ``finals[bounds[i]:bounds[i + 1]]`` (and ``roots``) at once.
+    def _outermost_cums(self, finals: Ints, values: Ints, bounds: Ints) -> Ints:
+        """:meth:`_outermost_cum` of every group ``finals[bounds[i]:bounds[i + 1]]`` at once.
 
-        Group ``i``'s nodes are shifted by ``i * (node count + 1)``, past every
-        node of the groups before, so that one running maximum of subtree ends
-        over all groups sees, within each group, only that group's own.
+        ``values`` holds each occurrence's cum on its own (its final node's cum
+        and the cost of its chain above). Group ``i``'s nodes are shifted by
+        ``i * (node count + 1)``, past every node of the groups before, so that
+        one running maximum of subtree ends over all groups sees, within each
+        group, only that group's own.
         """
         shift = _group_of(bounds) * (len(self._parent) + 1)
         reach = np.maximum.accumulate(self._end[finals] + shift)
         outermost = np.ones(len(finals), bool)
         outermost[1:] = finals[1:] + shift[1:] >= reach[:-1]
-        values = self._cum[finals] + self._above[finals] - self._above[roots]
         return _segment_sums(np.where(outermost, values, 0), bounds)
 
-    def _one_name_listings(self, at_top: bool) -> _OneNameListings:
-        """The extension listings of every path ``[f]`` of length 1 at one end, with their cums (see
-        :class:`_OneNameListings`): every node with a caller ends an occurrence of one extension,
-        ``[m, f]`` at the top (the node is f's, its caller m's) or ``[f, m]`` at the bottom (the
-        other way round). The occurrence's root is the caller either way."""
-        n, k = len(self._parent), len(self.names)
-        nodes = np.flatnonzero(self._parent < n)
+    def _occurrence_values(self, finals: Ints, roots: Ints) -> Ints:
+        """Each occurrence's cum on its own: its final node's, plus the chain from its root down to the final
+        node's parent."""
+        return self._cum[finals] + self._above[finals] - self._above[roots]
+
+    def _one_name_listings(self) -> tuple[_OneNameListings, _OneNameListings]:
+        """The extension listings of every path ``[f]`` of length 1, at the top and at the bottom (see
+        :class:`_OneNameListings`).
+
+        Every node with a caller ends an occurrence of one extension at each
+        end: ``[m, f]`` at the top, where the node is f's and its caller m's,
+        and ``[f, m]`` at the bottom, the other way round. The occurrence's
+        root is the caller either way, so its cum on its own is the node's cum
+        and the caller's cost.
+        """
+        nodes = np.flatnonzero(self._parent < len(self._parent))
         parents = self._parent[nodes]
-        extended, added = (nodes, parents) if at_top else (parents, nodes)
-        owner, rank = self._name[extended], self._rank[self._name[added]]
+        node_name, parent_name = self._name[nodes], self._name[parents]
+        values = self._cum[nodes] + self._cost[parents]
+        return (
+            self._one_name_index(nodes, parents, values, node_name, self._rank[parent_name], at_top=True),
+            self._one_name_index(nodes, parents, values, parent_name, self._rank[node_name], at_top=False),
+        )
+
+    def _one_name_index(
+        self, nodes: Ints, parents: Ints, values: Ints, owner: Ints, rank: Ints, at_top: bool
+    ) -> _OneNameListings:
+        """The listings at one end, each node ending an occurrence of ``owner``'s path extended by the name of
+        rank ``rank``."""
+        k = len(self.names)
         # Two stable sorts: by the added name's rank, then by the extended name, keeping the first order within.
         order = _stable_order(rank, k + 1)
         order = order[_stable_order(owner[order], k)]
-        finals, roots, owner, rank = _frozen(nodes[order]), _frozen(parents[order]), owner[order], rank[order]
+        finals, roots, values = _frozen(nodes[order]), _frozen(parents[order]), values[order]
+        owner, rank = owner[order], rank[order]
         change = np.flatnonzero((owner[1:] != owner[:-1]) | (rank[1:] != rank[:-1])) + 1
         bounds = _frozen(np.concatenate((np.zeros(min(len(finals), 1), np.int64), change, [len(finals)])))
         ranks, owners = _frozen(rank[bounds[:-1]]), owner[bounds[:-1]]
-        cums = self._outermost_cums(finals, roots, bounds)
+        cums = self._outermost_cums(finals, values, bounds)
         if not at_top:
             # [f, f] repeats a name (recursion): as in _listing_cums, with the interior nodes, the roots.
             sizes = np.diff(bounds)
@@ -1181,8 +1202,7 @@ class CallTreeProfile:
         index = np.repeat(np.arange(never), [len(s) for s in summaries])
         order = np.argsort(finals)
         finals, roots, index = finals[order], roots[order], index[order]
-        # The occurrence's cum: its final node's, plus the chain from its root down to the final node's parent.
-        values = self._cum[finals] + self._above[finals] - self._above[roots]
+        values = self._occurrence_values(finals, roots)
         totals: list[int] = self._counted_prefixes(finals, index, values, _NO_INTS, _NO_INTS, never).tolist()
         return totals
 
