@@ -24,6 +24,7 @@ COMMANDS = (
     "consolidate",
     "bottlenecks",
     "diagnose",
+    "export",
 )
 
 

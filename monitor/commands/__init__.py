@@ -62,7 +62,8 @@ def add_output_arguments(parser: argparse.ArgumentParser) -> None:
         "-o",
         "--output",
         metavar="FILE",
-        help="write the profile when done; format by extension: .collapsed, .speedscope.json, .json",
+        help="write the profile when done; format by extension: .speedscope.json, .pb.gz (pprof), .html "
+        "(flame graph), .collapsed, .json",
     )
     parser.add_argument(
         "--metric",

@@ -1,0 +1,155 @@
+"""Write a profile for another tool: speedscope, pprof, collapsed stacks, an HTML flame graph, or dyper's JSON.
+
+    dyper export SOURCE -o FILE [--format FORMAT] [--last N | --window START:END]
+                 [--metric cpu|wall] [--libraries] [--monitor ENDPOINT]
+
+SOURCE is a saved dyper profile (.json), or (a number that is not a file)
+the id of a process a standing monitor knows: running now, or one it kept
+in its history (the newest session of that pid). For a process, --last N
+takes the N seconds before its latest report, and --window START:END any
+slice, each side one of (empty: the first / latest report)
+
+    -N[s|m|h|d]            N before the latest report     --window=-10m:-5m
+    N[s|m|h|d]             N after the first report       --window :30s
+    @UNIX                  seconds since the epoch        --window @1730450000:
+    YYYY-MM-DDTHH:MM[:SS]  local time                     --window 2026-11-01T10:00:2026-11-01T10:05
+
+(Write --window=START:END with "=" when START begins with "-".) Windows
+older than the monitor's last 10 minutes come from its history.
+
+FORMAT (default: from FILE's name):
+    speedscope  .speedscope.json  https://www.speedscope.app (drop the file on it), one profile per thread
+    pprof       .pb.gz            gzipped protobuf: go tool pprof, pprof.me, Pyroscope
+    collapsed   .collapsed        folded stacks: flamegraph.pl, inferno, speedscope, dyper bottlenecks
+    html        .html             a flame graph in one file: open it in a browser, offline
+    json        .json             dyper's own profile, which every dyper command reads
+-o - writes to standard output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from monitor.commands import CliError, add_monitor_argument
+from monitor.exports import FORMATS, Exporter, exporter_for, exporter_named
+from monitor.profile import Profile
+from monitor.windows import WindowSpec, parse_seconds
+
+NAME = "export"
+
+
+def _window_arg(text: str) -> WindowSpec:
+    try:
+        return WindowSpec.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _seconds_arg(text: str) -> float:
+    try:
+        seconds = parse_seconds(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError("--last must be positive")
+    return seconds
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", metavar="SOURCE", help="a saved dyper profile (.json) or a PID")
+    parser.add_argument("-o", "--output", metavar="FILE", required=True, help="where to write; - for stdout")
+    parser.add_argument("-f", "--format", choices=FORMATS, help="default: from FILE's name")
+    span = parser.add_mutually_exclusive_group()
+    span.add_argument(
+        "--last", type=_seconds_arg, metavar="N", help="with a PID: the last N seconds, e.g. 60, 5m or 2h"
+    )
+    span.add_argument(
+        "--window", type=_window_arg, metavar="START:END", help="with a PID: a slice of its reports (see above)"
+    )
+    parser.add_argument(
+        "--metric",
+        choices=("cpu", "wall"),
+        default="cpu",
+        help="cpu leaves out samples of threads blocked in sleep/lock/I/O calls (default); wall keeps them "
+        "(pprof and json carry both)",
+    )
+    parser.add_argument("--libraries", action="store_true", help="charge library time to the calling app line")
+    add_monitor_argument(parser, ", for PIDs")
+
+
+def _spec(args: argparse.Namespace) -> WindowSpec | None:
+    if args.window is not None:
+        spec: WindowSpec = args.window
+        return spec
+    if args.last is not None:
+        return WindowSpec.last(args.last)
+    return None
+
+
+def _from_monitor(args: argparse.Namespace, pid: int, spec: WindowSpec | None) -> Profile:
+    from monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
+
+    call: dict[str, object] = {"pid": pid}
+    if spec is not None:
+        call["window"] = spec.to_json()
+    try:
+        with MonitorClient(args.monitor, timeout=3.0) as client:
+            client.call("ping")  # a missing monitor is told in seconds...
+            client.timeout = 120.0  # ...but a window read from a long history may take a while
+            return Profile.from_json(client.call("profile", **call), f"pid {pid}")
+    except (MonitorUnreachable, MonitorRefused, ValueError) as exc:
+        raise CliError(str(exc)) from None
+
+
+def _exporter(args: argparse.Namespace) -> Exporter:
+    try:
+        if args.format:
+            return exporter_named(args.format, args.metric, args.libraries)
+        if args.output == "-":
+            raise CliError("give --format when writing to standard output", code=2)
+        return exporter_for(args.output, args.metric, args.libraries)
+    except ValueError as exc:
+        raise CliError(f"{exc}, or give --format", code=2) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    exporter = _exporter(args)
+    spec = _spec(args)
+    source = args.source
+    if os.path.exists(source):
+        if spec is not None:
+            raise CliError(
+                "a saved profile has no time line: --last and --window need a PID (and, for old windows, "
+                "a monitor with history)",
+                code=2,
+            )
+        try:
+            profile = Profile.load(source)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+        what = source
+    elif source.isdigit() and int(source) > 0:
+        profile = _from_monitor(args, int(source), spec)
+        what = f"pid {source}, " + (spec.describe() if spec is not None else "whole run")
+    else:
+        raise CliError(f"no such file: {source}")
+    samples = profile.total(args.metric)
+    if samples == 0:
+        raise CliError(f"no {args.metric} samples in {what}: nothing written")
+    data = exporter.encode(profile)
+    if args.output == "-":
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+    else:
+        try:
+            with open(args.output, "wb") as f:
+                f.write(data)
+        except OSError as exc:
+            raise CliError(f"cannot write {args.output}: {exc.strerror}") from None
+        print(
+            f"dyper export: wrote {args.output} ({exporter.format}, {samples:,} {args.metric} samples; {what})",
+            file=sys.stderr,
+        )
+    return 0

@@ -1,0 +1,316 @@
+"""Every export format read back: the same stacks and counts as the profile, in each format's own terms."""
+
+import gzip
+import json
+import re
+import shutil
+import subprocess
+from collections import Counter
+
+import pytest
+
+from monitor.exports import (
+    EXPORTERS,
+    Collapsed,
+    FlameGraphHtml,
+    OwnJson,
+    Pprof,
+    Speedscope,
+    exporter_for,
+    exporter_named,
+)
+from monitor.pprof import profile_pb2
+from monitor.profile import Profile
+from tests.unit.test_session_profile import make_report, session_with
+
+# main -> f (thread 7, 30); main -> f -> g (thread 7, 10); a blocked main (thread 8, 60: wall only);
+# main -> f -> json.dumps (a library, thread 7, 5); r -> r -> r -> main, recursive (thread 8, 7)
+STACKS = [(7, 30, [1, 0]), (7, 10, [2, 1, 0]), (8, 60, [3]), (7, 5, [4, 1, 0]), (8, 7, [5, 5, 5, 0])]
+
+
+@pytest.fixture
+def profile():
+    return Profile.from_session(session_with(make_report(STACKS)))
+
+
+def expected(profile, metric, libraries=False, threads=True):
+    """(thread, (name, file, line) root first) -> samples, straight from the profile."""
+    out = Counter()
+    for s, frames in profile.charged_stacks(libraries):
+        n = s.cpu if metric == "cpu" else s.wall
+        if n and frames:
+            key = tuple((profile.frames[i].name, profile.frames[i].file, profile.frames[i].line) for i in frames)
+            out[(s.thread if threads else None, key)] += n
+    return out
+
+
+LABEL = re.compile(r"^(?P<name>.*) \((?P<file>[^()]*):(?P<line>\d+)\)$")
+
+
+def _frame_of_label(label):
+    m = LABEL.match(label)
+    return (m["name"], m["file"], int(m["line"]))
+
+
+@pytest.mark.parametrize("metric", ["cpu", "wall"])
+@pytest.mark.parametrize("libraries", [False, True])
+def test_collapsed_round_trip(profile, metric, libraries):
+    text = Collapsed(metric, libraries).render(profile)
+    back = Counter()
+    for line in text.splitlines():
+        stack, n = line.rsplit(" ", 1)
+        back[(None, tuple(_frame_of_label(f) for f in stack.split(";")))] += int(n)
+    assert back == expected(profile, metric, libraries, threads=False)
+
+
+def _check_speedscope_schema(doc):
+    """The fields speedscope's FileFormat.File requires, with their types (src/lib/file-format-spec.ts)."""
+    assert doc["$schema"] == "https://www.speedscope.app/file-format-schema.json"
+    assert isinstance(doc["shared"], dict) and isinstance(doc["shared"]["frames"], list)
+    for f in doc["shared"]["frames"]:
+        assert isinstance(f["name"], str) and f["name"]
+        assert set(f) <= {"name", "file", "line", "col"}
+        assert isinstance(f.get("file", ""), str) and isinstance(f.get("line", 0), int)
+    assert isinstance(doc["profiles"], list) and doc["profiles"]
+    for optional, kind in (("name", str), ("activeProfileIndex", int), ("exporter", str)):
+        assert isinstance(doc.get(optional, kind()), kind)
+    assert 0 <= doc.get("activeProfileIndex", 0) < len(doc["profiles"])
+    units = {"none", "nanoseconds", "microseconds", "milliseconds", "seconds", "bytes"}
+    for p in doc["profiles"]:
+        assert p["type"] == "sampled" and isinstance(p["name"], str) and p["unit"] in units
+        assert isinstance(p["startValue"], int | float) and isinstance(p["endValue"], int | float)
+        assert p["endValue"] >= p["startValue"]
+        assert isinstance(p["samples"], list) and isinstance(p["weights"], list)
+        assert len(p["samples"]) == len(p["weights"])
+        for stack, w in zip(p["samples"], p["weights"], strict=True):
+            assert all(isinstance(i, int) and 0 <= i < len(doc["shared"]["frames"]) for i in stack)
+            assert isinstance(w, int | float) and w >= 0
+        assert p["endValue"] - p["startValue"] == sum(p["weights"])
+
+
+@pytest.mark.parametrize("metric", ["cpu", "wall"])
+def test_speedscope_round_trip_and_schema(profile, metric):
+    doc = json.loads(Speedscope(metric).render(profile))
+    _check_speedscope_schema(doc)
+    frames = [(f["name"], f["file"], f["line"]) for f in doc["shared"]["frames"]]
+    back = Counter()
+    for p in doc["profiles"]:
+        tid = int(re.search(r"\((\d+)\) \w+ samples$", p["name"])[1])
+        for stack, w in zip(p["samples"], p["weights"], strict=True):
+            back[(tid, tuple(frames[i] for i in stack))] += w  # root first, as speedscope reads them
+    assert back == expected(profile, metric)
+
+
+def _read_pprof(data):
+    prof = profile_pb2.Profile.FromString(gzip.decompress(data))
+    st = prof.string_table
+    assert st[0] == ""
+    functions = {f.id: f for f in prof.function}
+    locations = {loc.id: loc for loc in prof.location}
+    assert 0 not in functions and 0 not in locations
+    assert len(functions) == len(prof.function) and len(locations) == len(prof.location)
+    types = [(st[t.type], st[t.unit]) for t in prof.sample_type]
+    samples = []
+    for s in prof.sample:
+        assert len(s.value) == len(types)
+        labels = {st[lb.key]: (st[lb.str] if lb.str else lb.num) for lb in s.label}
+        stack = []
+        for lid in reversed(s.location_id):  # the leaf is first in pprof
+            (line,) = locations[lid].line
+            fn = functions[line.function_id]
+            stack.append((st[fn.system_name], st[fn.filename], line.line))
+        samples.append((labels, tuple(stack), dict(zip((t for t, _ in types), s.value, strict=True))))
+    return prof, types, samples
+
+
+def test_pprof_decodes_to_the_same_samples_functions_and_locations(profile):
+    prof, types, samples = _read_pprof(Pprof("wall").encode(profile))
+    st = prof.string_table
+    assert types == [
+        ("cpu_samples", "count"),
+        ("wall_samples", "count"),
+        ("cpu", "nanoseconds"),
+        ("wall", "nanoseconds"),
+    ]
+    assert st[prof.default_sample_type] == "wall"
+    for metric in ("cpu", "wall"):
+        back = Counter()
+        for labels, stack, values in samples:
+            back[(labels["thread_id"], stack)] += values[f"{metric}_samples"]
+        assert +back == expected(profile, metric)
+    # thread names as labels; time estimated from the mean interval between sampling passes
+    interval = prof.period
+    assert interval == int(profile.process["duration_s"] * 1e9 / profile.process["samples"])
+    for labels, _, values in samples:
+        assert labels["thread"] == {7: "MainThread", 8: "worker"}[labels["thread_id"]]
+        assert values["wall"] == values["wall_samples"] * interval
+    # one function per Python function, one location per line
+    fns = sorted((st[f.system_name], st[f.filename], f.start_line) for f in prof.function)
+    assert all(f.name == f.system_name for f in prof.function)  # no "<module>" here: shown as is
+    assert fns == sorted({(f.name, f.file, f.firstline) for f in profile.frames})
+    assert len(prof.location) == len(profile.frames)
+    assert prof.duration_nanos == int(profile.process["duration_s"] * 1e9)
+    assert any("dyper@" in st[c] for c in prof.comment)
+
+
+def test_pprof_names_that_pprof_would_hide_get_their_module():
+    from monitor.profile import StackCount
+    from monitor.session import Frame
+
+    frames = [Frame("/srv/app.py", "<module>", 1, 3), Frame("/srv/app.py", "f.<locals>.<lambda>", 5, 5)]
+    p = Profile(frames, [StackCount(1, (0, 1), 4, 4)], {1: "MainThread"}, {"pid": 1})
+    prof, _, samples = _read_pprof(Pprof().encode(p))
+    st = prof.string_table
+    assert sorted(st[f.name] for f in prof.function) == ["app.<module>", "f.<locals>.<lambda>"]
+    assert samples[0][1] == (("<module>", "/srv/app.py", 3), ("f.<locals>.<lambda>", "/srv/app.py", 5))
+    (mapping,) = prof.mapping
+    assert mapping.id == 1 and mapping.has_functions and all(loc.mapping_id == 1 for loc in prof.location)
+
+
+def test_pprof_without_a_known_duration_has_sample_counts_only(profile):
+    profile.process["duration_s"] = 0
+    prof, types, _ = _read_pprof(Pprof("cpu").encode(profile))
+    assert types == [("cpu_samples", "count"), ("wall_samples", "count")]
+    assert prof.string_table[prof.default_sample_type] == "cpu_samples"
+
+
+def _html_data(text):
+    m = re.search(r'<script id="dyper-data" type="application/json">(.*?)</script>', text, re.S)
+    return json.loads(m[1])
+
+
+@pytest.mark.parametrize("metric", ["cpu", "wall"])
+def test_html_flame_graph_round_trip_and_self_contained(profile, metric):
+    text = FlameGraphHtml(metric).render(profile)
+    data = _html_data(text)
+    frames = data["frames"]
+    back = Counter()
+    stack = [(data["tree"], ())]
+    thread_of = {}
+    while stack:
+        (_frame, self_n, total, children), path = stack.pop()
+        assert total == self_n + sum(c[2] for c in children)
+        if self_n and path:
+            back[path] += self_n
+        for c in children:
+            stack.append((c, (*path, c[0])))
+    got = Counter()
+    for path, n in back.items():
+        name, _, _, kind = frames[path[0]]
+        assert kind == 2  # threads first
+        tid = int(re.search(r"\((\d+)\)$", name)[1])
+        thread_of[tid] = name
+        got[(tid, tuple((frames[i][0], frames[i][1], frames[i][2]) for i in path[1:]))] += n
+    assert got == expected(profile, metric)
+    assert thread_of[7] == "MainThread (7)"
+    assert {frames[i][3] for i in range(len(frames)) if frames[i][0] == "dumps"} == {1}  # a library frame
+    # one file, nothing fetched
+    assert not re.search(r"https?://|<link|@import|url\(|<script[^>]+src|<img", text)
+    assert text.count("<script") == 2 and text.count("</script>") == 2
+
+
+def test_html_keeps_hostile_names_inert(profile):
+    from monitor.session import Frame
+
+    profile.frames[1] = Frame("/app/x.py", "</script><script>alert(1)</script>&amp;", 10, 11)
+    text = FlameGraphHtml("cpu").render(profile)
+    assert text.count("</script>") == 2
+    assert any(f[0] == "</script><script>alert(1)</script>&amp;" for f in _html_data(text)["frames"])
+
+
+def test_html_prunes_big_trees_to_the_largest_frames(profile):
+    exporter = FlameGraphHtml("wall")
+    exporter.max_nodes = 6
+    data = exporter.data(profile)
+    kept, stack = 0, [data["tree"]]
+    while stack:
+        node = stack.pop()
+        kept += 1
+        assert sum(c[2] for c in node[3]) <= node[2] - node[1]
+        stack.extend(node[3])
+    assert kept <= 6 and data["tree"][2] == profile.total("wall")
+    assert "left out" in data["subtitle"]
+
+
+NODE_HARNESS = r"""
+const fs = require("fs");
+const page = fs.readFileSync(process.argv[2], "utf8");
+const data = /<script id="dyper-data" type="application\/json">([\s\S]*?)<\/script>/.exec(page)[1];
+const code = /<script>([\s\S]*?)<\/script>/.exec(page)[1];
+const els = {};
+function el(id) {
+  if (!els[id]) els[id] = {id, style: {}, innerHTML: "", textContent: "", value: "", listeners: {},
+    clientWidth: 1000, addEventListener(t, f) { this.listeners[t] = f; }, focus() {}};
+  return els[id];
+}
+el("dyper-data").textContent = data;
+global.document = {getElementById: el, addEventListener() {}, activeElement: null};
+global.window = {addEventListener() {}, innerWidth: 1200};
+new Function(code)();
+const api = window.dyperFlame, out = {};
+out.first = el("graph").innerHTML;
+out.title = el("title").textContent;
+const f = api.find("f");
+api.zoomTo(f);
+out.zoomed = el("graph").innerHTML;
+out.details = el("details").textContent;
+api.search("dumps");
+out.status = el("status").innerHTML;
+out.searched = el("graph").innerHTML;
+// a click on a frame's box zooms the way the page does it
+api.search("");
+el("graph").listeners.click({target: {getAttribute: (k) => (k === "data-i" ? String(api.find("g")) : null)}});
+out.clicked = el("details").textContent;
+console.log(JSON.stringify(out));
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs node to run the page's script")
+def test_html_flame_graph_script_renders_zooms_and_searches(profile, tmp_path):
+    page = tmp_path / "fg.html"
+    FlameGraphHtml("cpu").write(profile, page)
+    harness = tmp_path / "harness.js"
+    harness.write_text(NODE_HARNESS)
+    proc = subprocess.run(["node", str(harness), str(page)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    box = r'<div class="([^"]*)" data-i="(\d+)" style="left:([\d.]+)px;top:(\d+)px;width:([\d.]+)px'
+    boxes = re.findall(box, out["first"])
+    assert out["title"].startswith("dyper: python app.py")
+    assert ">main<" in out["first"] and ">f<" in out["first"] and ">MainThread (7)<" in out["first"]
+    root = [b for b in boxes if b[3] == "0"]
+    assert len(root) == 1 and float(root[0][4]) == pytest.approx(999.0)  # the root spans the page (less 1 px)
+    # zoomed on f: f spans the page; its ancestors stay above it, dimmed
+    assert "n anc" in out["zoomed"] and out["details"].startswith("f\n/app/app.py:11\ntotal 45 cpu samples")
+    # search: dumps is 5 of 52 cpu samples, and 5 of the 45 under f
+    assert "9.6%</b> of all (5 cpu samples), 11.1% of the zoomed frame" in out["status"]
+    assert re.search(r'class="n[^"]* hit[^"]*"[^>]*>dumps<', out["searched"]) and " miss" in out["searched"]
+    assert out["clicked"].startswith("g\n")
+
+
+def test_exporters_by_name_and_by_file_name():
+    assert [cls.format for cls in EXPORTERS] == ["speedscope", "pprof", "html", "collapsed", "json"]
+    for path, cls in [
+        ("x.speedscope.json", Speedscope),
+        ("x.pb.gz", Pprof),
+        ("x.pprof", Pprof),
+        ("x.html", FlameGraphHtml),
+        ("x.collapsed", Collapsed),
+        ("x.folded", Collapsed),
+        ("x.json", OwnJson),
+    ]:
+        assert isinstance(exporter_for(path), cls)
+        assert isinstance(exporter_named(cls.format), cls)
+    with pytest.raises(ValueError, match="end it with"):
+        exporter_for("x.txt")
+    with pytest.raises(ValueError, match="unknown format"):
+        exporter_named("svg")
+
+
+def test_own_json_round_trip(profile, tmp_path):
+    path = tmp_path / "p.json"
+    OwnJson().write(profile, path)
+    back = Profile.load(path)
+    assert back.to_json() == json.loads(json.dumps(profile.to_json()))
+    for metric in ("cpu", "wall"):
+        assert expected(back, metric) == expected(profile, metric)
