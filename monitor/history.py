@@ -18,7 +18,7 @@ lock file beside it says so). Tables:
     kept even after retention drops the reports they came from. The writer
     folds reports into it every ``TOTALS_INTERVAL_S`` (one upsert per stack
     then, not per report); ``sessions.totals_n`` is the last report folded
-    in, and loading adds the reports after it.
+    in, and opening the file folds in any reports after it.
 ``reports``
     one row per report: its number in the session, when it ended, its
     length, sampling passes, seconds spent, budget, and its counts (msgpack
@@ -143,6 +143,7 @@ CREATE TABLE IF NOT EXISTS reports (
     counts BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS reports_by_session_t ON reports (session, t);
+CREATE INDEX IF NOT EXISTS reports_by_session_n ON reports (session, n);
 """
 
 
@@ -191,6 +192,11 @@ class History:
         self._totals_n: dict[int, int] = {}
         self._totals_due = time.monotonic() + TOTALS_INTERVAL_S
         self._reset_caches()
+        try:
+            self._catch_up_totals()
+        except sqlite3.Error as exc:
+            self.close()
+            raise HistoryError(f"cannot use the history {self.path}: {exc}") from None
 
     # --- opening ----------------------------------------------------------------------
 
@@ -259,6 +265,31 @@ class History:
         self._stack_ids = {}
         self._next_stack = int(conn.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM stacks").fetchone()[0])
 
+    def _catch_up_totals(self) -> None:
+        """Fold into ``totals`` the reports committed after the last fold (the monitor was killed in between)."""
+        conn = self._conn
+        behind = []
+        for sid, totals_n in conn.execute("SELECT id, totals_n FROM sessions").fetchall():
+            newest = 0
+            for n, blob in conn.execute(
+                "SELECT n, counts FROM reports WHERE session = ? AND n > ?", (sid, totals_n)
+            ).fetchall():
+                newest = max(newest, n)
+                for tid, flat in _unpack(blob):
+                    for i in range(0, len(flat), 3):
+                        slot = self._totals.get((sid, tid, flat[i]))
+                        if slot is None:
+                            self._totals[(sid, tid, flat[i])] = [flat[i + 1], flat[i + 2]]
+                        else:
+                            slot[0] += flat[i + 1]
+                            slot[1] += flat[i + 2]
+            if newest:
+                behind.append((sid, newest))
+        self._totals_n = {int(sid): int(n) for sid, n in behind}
+        self._fold_totals()
+        if self.last_error:
+            raise sqlite3.OperationalError(self.last_error)
+
     # --- restoring ----------------------------------------------------------------------
 
     def load(self) -> tuple[list[Frame], list[StoredSession]]:
@@ -276,8 +307,8 @@ class History:
                 raise HistoryError(f"{self.path}: the frame table has a hole at {len(frames)} (damaged file?)")
             frames.append(Frame(file, name, firstline, line))
         out: list[StoredSession] = []
-        for sid, host, pid, start, hello, state, totals_n in conn.execute(
-            "SELECT id, host, pid, start_time, hello, state, totals_n FROM sessions ORDER BY id"
+        for sid, host, pid, start, hello, state in conn.execute(
+            "SELECT id, host, pid, start_time, hello, state FROM sessions ORDER BY id"
         ).fetchall():
             stacks = {
                 int(stack_id): tuple(_unpack(blob))
@@ -291,19 +322,6 @@ class History:
                 frames_of = stacks.get(stack_id)
                 if frames_of is not None:
                     counts[(int(tid), frames_of)] = [int(wall), int(cpu)]
-            # Reports committed after the totals were last brought up to date (the monitor was killed).
-            for (blob,) in conn.execute("SELECT counts FROM reports WHERE session = ? AND n > ?", (sid, totals_n)):
-                for tid, flat in _unpack(blob):
-                    for i in range(0, len(flat), 3):
-                        frames_of = stacks.get(flat[i])
-                        if frames_of is None:
-                            continue
-                        slot = counts.get((tid, frames_of))
-                        if slot is None:
-                            counts[(tid, frames_of)] = [flat[i + 1], flat[i + 2]]
-                        else:
-                            slot[0] += flat[i + 1]
-                            slot[1] += flat[i + 2]
             out.append(
                 StoredSession((host, int(pid), float(start)), _unpack(hello), _unpack(state) if state else {}, counts)
             )

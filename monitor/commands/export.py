@@ -39,6 +39,10 @@ from monitor.windows import WindowSpec, parse_seconds
 
 NAME = "export"
 
+#: How long to wait for a monitor to answer at all (a window read from history may then take longer).
+PING_TIMEOUT_S = 3.0
+QUERY_TIMEOUT_S = 120.0
+
 
 def _window_arg(text: str) -> WindowSpec:
     try:
@@ -95,9 +99,9 @@ def _from_monitor(args: argparse.Namespace, pid: int, spec: WindowSpec | None) -
     if spec is not None:
         call["window"] = spec.to_json()
     try:
-        with MonitorClient(args.monitor, timeout=3.0) as client:
+        with MonitorClient(args.monitor, timeout=PING_TIMEOUT_S) as client:
             client.call("ping")  # a missing monitor is told in seconds...
-            client.timeout = 120.0  # ...but a window read from a long history may take a while
+            client.timeout = QUERY_TIMEOUT_S  # ...but a window read from a long history may take a while
             return Profile.from_json(client.call("profile", **call), f"pid {pid}")
     except (MonitorUnreachable, MonitorRefused, ValueError) as exc:
         raise CliError(str(exc)) from None

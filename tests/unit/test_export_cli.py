@@ -55,7 +55,10 @@ def test_export_a_saved_profile(saved, tmp_path, capsys, name, fmt, written):
         assert expected(Profile.load(out), "wall") == expected(Profile.load(saved), "wall")
 
 
-def test_export_options_and_mistakes(saved, tmp_path, capfd):
+def test_export_options_and_mistakes(saved, tmp_path, capfd, monkeypatch):
+    from monitor.commands import export
+
+    monkeypatch.setattr(export, "PING_TIMEOUT_S", 0.3)
     assert main(["export", str(saved), "-o", "-", "--format", "collapsed", "--metric", "wall", "--libraries"]) == 0
     lines = capfd.readouterr().out.splitlines()
     assert sum(int(line.rsplit(" ", 1)[1]) for line in lines) == 112 and not any("dumps" in x for x in lines)

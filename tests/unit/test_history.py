@@ -12,7 +12,7 @@ from monitor.profile import Profile
 from monitor.server import Monitor
 from monitor.session import WINDOW_RETENTION_S
 from monitor.windows import WindowSpec
-from tests.unit.test_session_profile import HELLO, make_report
+from tests.unit.test_session_profile import HELLO, make_report, session_with
 
 ID = b"h:1:x"
 
@@ -156,10 +156,12 @@ def test_retention_by_age_drops_old_reports_and_quiet_sessions(tmp_path):
 
 def test_retention_by_size_drops_the_oldest_reports_first(tmp_path):
     path = tmp_path / "h.sqlite3"
-    m = monitor_on(path)
     big = [(tid, 1, [1, 0]) for tid in range(1, 400)]  # 400 threads: a few KiB per report
-    feed(m, *(make_report(big, seq=i, t=1000.0 + i) for i in range(300)))
-    m.close()
+    session = session_with(*(make_report(big, seq=i, t=1000.0 + i) for i in range(300)))  # no scheduling: quicker
+    h = History(path, KEEP)
+    h._frames = session.frames
+    h._write([("report", (session.key, session.hello, w, session.snapshot())) for w in session.windows])
+    h.close()
     size_before = path.stat().st_size
     assert size_before > 600_000
 
