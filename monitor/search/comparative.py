@@ -118,18 +118,21 @@ class ComparativeProfile:
         return extended
 
     def top_extension_summaries(self, summary: ComparativeSummary) -> list[ComparativeSummary]:
-        return _merged(
-            self.a.top_extension_summaries(summary.a) if summary.a is not None else [],
-            self.b.top_extension_summaries(summary.b) if summary.b is not None else [],
-            at_top=True,
-        )
+        return self._paired(summary, at_top=True)
 
     def bottom_extension_summaries(self, summary: ComparativeSummary) -> list[ComparativeSummary]:
-        return _merged(
-            self.a.bottom_extension_summaries(summary.a) if summary.a is not None else [],
-            self.b.bottom_extension_summaries(summary.b) if summary.b is not None else [],
-            at_top=False,
-        )
+        return self._paired(summary, at_top=False)
+
+    def _paired(self, summary: ComparativeSummary, at_top: bool) -> list[ComparativeSummary]:
+        """The extensions listed in A or in B, paired by the name they add, in path order."""
+        a = self.a._listing(summary.a, at_top) if summary.a is not None else None
+        b = self.b._listing(summary.b, at_top) if summary.b is not None else None
+        in_a = a.summaries() if a is not None else []
+        in_b = b.summaries() if b is not None else []
+        if a is not None and b is not None and a.names == b.names:
+            # The usual case when comparing two runs of one program: the same callers (or callees) on both sides.
+            return [_comparative(x.path, x, y) for x, y in zip(in_a, in_b, strict=True)]
+        return _merged(in_a, a.names if a is not None else [], in_b, b.names if b is not None else [])
 
     def ranked_extensions(self, summary: ComparativeSummary, direction: Literal["top", "bottom"]) -> RankedComparison:
         """The extensions of ``summary`` at one end by descending ``|cum|``, ties by path: a :class:`RankedComparison`.
@@ -264,20 +267,29 @@ class RankedComparison:
             yield self._totals[i]
 
 
-def _merged(a: list[CallTreeSummary], b: list[CallTreeSummary], at_top: bool) -> list[ComparativeSummary]:
-    """The extensions listed in A or in B (each list in path order), paired, in path order.
+def _merged(
+    a: list[CallTreeSummary], a_names: list[str], b: list[CallTreeSummary], b_names: list[str]
+) -> list[ComparativeSummary]:
+    """Two listings of one path's extensions (each in path order, with the names they add), paired, in path order.
 
-    Extensions of one path differ in the name they add, so they are paired by
-    that name; the two lists' names are two sorted runs, which one sort merges.
+    Extensions of one path differ in the name they add, so one merge pass over
+    the two sorted lists of names pairs them.
     """
-    end = 0 if at_top else -1
-    in_a = {s.path[end]: s for s in a}
-    in_b = {s.path[end]: s for s in b}
-    get_a, get_b = in_a.get, in_b.get
     merged = []
-    for name in dict.fromkeys(sorted([*in_a, *in_b])):
-        x, y = get_a(name), get_b(name)
-        merged.append(_comparative(x.path if x is not None else y.path if y is not None else (), x, y))
+    i = j = 0
+    while i < len(a) and j < len(b):
+        if a_names[i] == b_names[j]:
+            merged.append(_comparative(a[i].path, a[i], b[j]))
+            i += 1
+            j += 1
+        elif a_names[i] < b_names[j]:
+            merged.append(_comparative(a[i].path, a[i], None))
+            i += 1
+        else:
+            merged.append(_comparative(b[j].path, None, b[j]))
+            j += 1
+    merged += [_comparative(x.path, x, None) for x in a[i:]]
+    merged += [_comparative(y.path, None, y) for y in b[j:]]
     return merged
 
 
