@@ -136,7 +136,7 @@ def test_an_idle_process_is_sampled_by_the_ticker_itself(ticker: tuple[int, int]
     finally:
         gone.set()
         t.join()
-    assert stats["by_ticker"] > 20, stats
+    assert stats["by_ticker"] >= 20, stats
     rec = Recorder()
     counts: dict[tuple[int, tuple[int, ...]], int] = {}
     fast.ticker_drain(counts, rec.locs, rec.new_loc)
