@@ -427,6 +427,9 @@ class Agent:
                 self._pending_budget = None
                 self._apply_budget(budget)
                 next_sample = min(next_sample, self.clock() + self.sample_delay_s)
+                # The views should show the new budget soon, not after a report
+                # interval planned for the old one.
+                next_report = min(next_report, self.clock() + self.report_delay_s)
             wake = min(
                 next_sample,
                 next_report,
@@ -933,7 +936,7 @@ class Agent:
             elif msg_type == protocol.CONFIGURE:
                 budget = body.get("budget")
                 if isinstance(budget, int | float) and 0 < budget <= 0.5:
-                    self._apply_budget(float(budget))
+                    self._pending_budget = float(budget)  # applied by the loop, as set_budget's
                 timings = body.get("plan")
                 if isinstance(timings, dict):
                     self._monitor_plan = timings
