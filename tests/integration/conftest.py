@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import socket
 import subprocess
@@ -162,6 +163,19 @@ def split_shares(profile_json: dict[str, object]) -> tuple[float, float]:
     heavy, light = rows.get("heavy", 0), rows.get("light", 0)
     assert heavy + light > 100, f"too few samples: {rows}"
     return 100.0 * heavy / (heavy + light), 100.0 * light / (heavy + light)
+
+
+def split_tolerance(profile_json: dict[str, object], truth_pct: float) -> float:
+    """How far the sampled heavy share may be from the truth: 5 points, or 3.5
+    standard errors of a share estimated from this many samples if that is more
+    (a few hundred samples put one standard error at 2 to 2.5 points)."""
+    from monitor.profile import Profile
+
+    p = Profile.from_json(profile_json)
+    rows = {r["name"]: r["total"] for r in p.functions("cpu")}
+    n = rows.get("heavy", 0) + rows.get("light", 0)
+    q = truth_pct / 100.0
+    return max(5.0, 3.5 * 100.0 * math.sqrt(q * (1.0 - q) / max(n, 1)))
 
 
 def truth_share(heartbeat: Path) -> float:
