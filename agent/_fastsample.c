@@ -920,6 +920,22 @@ done:
 }
 
 
+/* record_snapshot, then release the snapshot: last, since dropping the code
+ * objects' references can run arbitrary code; a pending exception is kept
+ * across it. */
+static int
+record_and_clear(module_state *state, PyObject *counts, PyObject *locs, PyObject *new_loc,
+                 snapshot *s)
+{
+    int rc = record_snapshot(state, counts, locs, new_loc, s);
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    snapshot_clear(s);
+    PyErr_Restore(type, value, tb);
+    return rc;
+}
+
+
 /* ------------------------------------------------------------------------
  * sample()
  * ------------------------------------------------------------------------ */
@@ -994,16 +1010,7 @@ fastsample_sample(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         snapshot_clear(&s);
         return PyErr_NoMemory();
     }
-    int rc = record_snapshot(state, counts, locs, new_loc, &s);
-    {
-        /* Last: dropping references (code objects) can run arbitrary code.
-         * Keep a pending exception across it. */
-        PyObject *type, *value, *tb;
-        PyErr_Fetch(&type, &value, &tb);
-        snapshot_clear(&s);
-        PyErr_Restore(type, value, tb);
-    }
-    if (rc < 0) {
+    if (record_and_clear(state, counts, locs, new_loc, &s) < 0) {
         return NULL;
     }
     Py_RETURN_NONE;
@@ -1606,7 +1613,6 @@ fastsample_ticker_set(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
     }
     pthread_mutex_lock(&ticker.mu);
-    int changed = v[0] != ticker.mean_s;
     ticker.mean_s = v[0];
     ticker.spread = v[1];
     ticker.rate = v[2];
@@ -1615,7 +1621,6 @@ fastsample_ticker_set(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     ticker.tokens_at = mono_now();
     /* A new delay takes effect at once; new tokens end a wait for money. */
     ticker.gen++;
-    (void)changed;
     if (ticker_cv_ready) {
         pthread_cond_signal(&ticker.cv);
     }
@@ -1650,12 +1655,7 @@ fastsample_ticker_drain(PyObject *module, PyObject *const *args, Py_ssize_t narg
     snapshot s = ticker.queue;
     memset(&ticker.queue, 0, sizeof(ticker.queue));
     Py_ssize_t n = s.nsamples;
-    int rc = record_snapshot(state, counts, locs, new_loc, &s);
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    snapshot_clear(&s);
-    PyErr_Restore(type, value, tb);
-    if (rc < 0) {
+    if (record_and_clear(state, counts, locs, new_loc, &s) < 0) {
         return NULL;
     }
     return PyLong_FromSsize_t(n);
