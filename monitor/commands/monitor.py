@@ -1,7 +1,7 @@
 """Run a standing monitor (DYMON) that many agents stream to.
 
     dyper monitor [--listen tcp://127.0.0.1:7341] [--history FILE | --no-history]
-                  [--retain-age 7d] [--retain-size 1GiB]
+                  [--retain-age 7d] [--retain-size 1GiB] [--http 127.0.0.1:8341 [--http-token T]]
 
 Agents started with --monitor, DYPER_MONITOR or `dyper attach --monitor`
 connect to it; `dyper top`, `dyper ps` and `dyper detach` query it. It
@@ -15,6 +15,11 @@ every session and its reports, and old time windows can be exported and
 compared (`dyper export PID --window START:END`). Reports older than
 --retain-age go, and past --retain-size the oldest go first; a session's
 whole-run totals stay as long as the session does.
+
+With --http it also serves the web dashboard (processes, summaries, call
+trees, bottleneck search and diagnosis, live) at the URL it prints. The
+dashboard can attach to processes, so off loopback it needs a token:
+--http-token, or one is made and printed in the URL.
 """
 
 from __future__ import annotations
@@ -67,6 +72,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="keep the history file under this, oldest reports going first, e.g. 500MB, 4GiB, "
         "or 0 for no bound (default 1GiB)",
     )
+    parser.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        help="serve the web dashboard here, e.g. 127.0.0.1:8341 (port 0: any free port); "
+        "a host off loopback needs a token",
+    )
+    parser.add_argument(
+        "--http-token",
+        metavar="TOKEN",
+        help="the dashboard asks for this token (default: none on loopback, a random one otherwise)",
+    )
 
 
 def _age_arg(text: str) -> float | None:
@@ -86,11 +102,31 @@ def _size_arg(text: str) -> int | None:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def http_options(http: str | None, token: str | None) -> tuple[str, int, str | None] | None:
+    """``--http`` and ``--http-token`` checked: (host, port, token), a token made when off loopback."""
+    if http is None:
+        if token is not None:
+            raise CliError("--http-token goes with --http", code=2)
+        return None
+    from monitor.web.server import is_loopback, parse_http
+
+    try:
+        host, port = parse_http(http)
+    except ValueError as exc:
+        raise CliError(str(exc), code=2) from None
+    if token is None and not is_loopback(host):
+        import secrets
+
+        token = secrets.token_urlsafe(18)
+    return host, port, token
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         check_endpoint(args.listen)
     except ValueError as exc:
         raise CliError(str(exc).replace("monitor endpoint", "listen endpoint"), code=2) from None
+    http = http_options(args.http, args.http_token)
     console = Console(stderr=True)
 
     def on_event(kind: str, data: dict[str, Any]) -> None:
@@ -136,7 +172,21 @@ def run(args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError):
                 loop.add_signal_handler(sig, stop.set)
-        await monitor.serve(stop)
+        dashboard = None
+        if http is not None:
+            from monitor.web.server import Dashboard
+
+            dashboard = Dashboard(monitor, *http)
+            try:
+                url = await dashboard.start()
+            except OSError as exc:
+                raise CliError(str(exc)) from None
+            console.print(f"dashboard: [bold]{url}[/]", soft_wrap=True)
+        try:
+            await monitor.serve(stop)
+        finally:
+            if dashboard is not None:
+                await dashboard.close()
 
     try:
         asyncio.run(main())

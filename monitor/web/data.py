@@ -1,0 +1,358 @@
+"""What the dashboard shows, as plain data: pure functions of sessions and profiles.
+
+The web server (:mod:`monitor.web.server`) only moves these dicts to the
+page; everything a test might want to check without a browser is here.
+
+Per-proflet results come from ``monitor.report.build_report`` when the proflet
+framework provides it; until then :func:`fallback_report` computes the cpu
+part (the only proflet so far) in the same shape::
+
+    {"process": {...},
+     "status":  {"<proflet>": {"problem": 0-1, "confidence": 0-1}},
+     "proflets": {"<proflet>": {"<table>": [{column: value}, ...]}}}
+
+The page renders every list of dicts under ``proflets`` as a sortable table,
+so a new proflet shows up without a dashboard change.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from monitor.profile import DEFAULT_FLOOR_PCT, Metric, Profile
+from monitor.search.repl import short_name
+from monitor.session import Session
+
+#: Rows per table sent to the page; the floor already drops what is below 0.5%.
+MAX_ROWS = 300
+
+#: A function with this share of the cpu samples to itself is a problem for sure.
+CPU_PROBLEM_PCT = 25.0
+#: Samples after which a sampled share is trusted (its standard error is under 1.6 points).
+CPU_CONFIDENT_SAMPLES = 1000
+
+
+# --- per-proflet report ---------------------------------------------------------------
+
+
+def report_builder() -> Callable[..., dict[str, Any]] | None:
+    """``monitor.report.build_report`` if the proflet framework is installed, else None."""
+    try:
+        from monitor import report  # type: ignore[attr-defined,unused-ignore]
+    except ImportError:
+        return None
+    builder = getattr(report, "build_report", None)
+    return builder if callable(builder) else None
+
+
+def fallback_report(session: Session, profile: Profile) -> dict[str, Any]:
+    """The cpu proflet's part of a report, computed here while ``monitor.report`` does not exist."""
+    functions = profile.functions("cpu", floor_pct=DEFAULT_FLOOR_PCT)
+    lines = profile.lines("cpu", floor_pct=DEFAULT_FLOOR_PCT)
+    return {
+        "process": dict(profile.process),
+        "status": {"cpu": cpu_status(functions, profile.total("cpu"))},
+        "proflets": {"cpu": {"functions": functions[:MAX_ROWS], "lines": lines[:MAX_ROWS]}},
+    }
+
+
+def cpu_status(functions: list[dict[str, Any]], samples: int) -> dict[str, float]:
+    """Is there a cpu problem (one function holding much of the cpu to itself), and how sure (how many samples)."""
+    top = max((float(r["self_pct"]) for r in functions), default=0.0)
+    return {
+        "problem": round(min(1.0, top / CPU_PROBLEM_PCT), 3),
+        "confidence": round(min(1.0, samples / CPU_CONFIDENT_SAMPLES), 3),
+    }
+
+
+def sample_interval_s(profile: Profile) -> float:
+    """Seconds one sampling pass stands for: the window's length over its passes (0 if unknown)."""
+    seconds = float(profile.process.get("window_s") or profile.process.get("duration_s") or 0.0)
+    passes = int(profile.process.get("samples") or 0)
+    return seconds / passes if seconds > 0 and passes > 0 else 0.0
+
+
+def cpu_table(rows: list[dict[str, Any]], profile: Profile, calls_per_s: dict[tuple[str, str, int], float]) -> None:
+    """Add DYPER's Figure 6 columns to cpu function rows, in place.
+
+    Times are estimates: samples times the time one sampling pass stands for
+    (each pass samples every thread once). Counts are the call rates cpu
+    detailing measured, extrapolated over the window; time per call is the
+    total time over that count.
+    """
+    interval = sample_interval_s(profile)
+    window = float(profile.process.get("window_s") or profile.process.get("duration_s") or 0.0)
+    for r in rows:
+        if "self" in r and "base_s" not in r:
+            r["base_s"] = round(r["self"] * interval, 4)
+        if "total" in r and "total_s" not in r:
+            r["total_s"] = round(r["total"] * interval, 4)
+        rate = calls_per_s.get((r.get("file", ""), r.get("name", ""), r.get("line", 0)))
+        if rate is not None and "calls_per_s" not in r:
+            r["calls_per_s"] = round(rate, 2)
+            calls = rate * window
+            r["count"] = int(calls)
+            r["ms_per_call"] = round(1000.0 * r["total_s"] / calls, 4) if calls > 0 and "total_s" in r else None
+
+
+# --- overhead over time --------------------------------------------------------------------
+
+
+def overhead_points(timeline: dict[str, Any]) -> list[dict[str, float]]:
+    """The ``timeline`` op's buckets as points: time, budget and spent as fractions of wall time."""
+    points = []
+    for start, passes, reports, spent_s, covered_s, budget in timeline.get("buckets", []):
+        if covered_s <= 0:
+            continue
+        points.append(
+            {
+                "t": float(start),
+                "spent": float(spent_s) / float(covered_s),
+                "budget": float(budget),
+                "samples": int(passes),
+                "reports": int(reports),
+            }
+        )
+    return points
+
+
+# --- findings in plain words ----------------------------------------------------------------
+
+_KIND_WORDS = {
+    "self": "in its own code",
+    "diffuse": "spread over what it calls",
+    "spread": "called from many places, none of which stands out",
+}
+_HYPOTHESIS_WORDS = {
+    "cpu": "keeps the CPU busy",
+    "io": "waits on I/O",
+    "sync": "waits on a lock or another thread",
+    "wait": "waits in a call that could not be named",
+    "gc": "spends time in garbage collection",
+    "samples": "holds the samples",
+}
+
+
+def _frame_file(frame_name: str) -> str:
+    """The file of ``qualname (file)`` or ``qualname (file:line)``."""
+    if frame_name.endswith(")") and " (" in frame_name:
+        where = frame_name[:-1].rpartition(" (")[2]
+        head, sep, tail = where.rpartition(":")
+        return head if sep and tail.isdigit() else where
+    return ""
+
+
+def findings(
+    diagnosis: dict[str, Any] | None,
+    session_view: dict[str, Any],
+    is_library: Callable[[str], bool] | None = None,
+    limit: int = 5,
+) -> list[dict[str, Any]]:
+    """Noteworthy things about a process, each ``{"level": "bad"|"warn"|"info", "text": ...}``.
+
+    The top bottlenecks of the automated diagnosis first, named by the
+    innermost application function on their path (where a fix would go),
+    then the overhead spent against the budget.
+    """
+    out: list[dict[str, Any]] = []
+    if diagnosis is not None:
+        for b in diagnosis.get("bottlenecks", [])[:limit]:
+            path = list(b.get("path") or [])
+            hypothesis = str(b.get("hypothesis", ""))
+            what = _HYPOTHESIS_WORDS.get(hypothesis, hypothesis)
+            share = float(b.get("share_pct") or 0.0)
+            if not path:
+                text = f"The whole program {what}: {share:.0f}% of the busy time."
+            else:
+                app = [f for f in path if is_library is None or not is_library(_frame_file(f))]
+                who = app[-1] if app else path[-1]
+                text = f"{short_name(who)} {what}"
+                if who != path[-1]:
+                    text += f" in {short_name(path[-1])}"
+                text += f": {share:.0f}% of the busy time"
+                kind = str(b.get("kind", ""))
+                if kind != "self" or hypothesis == "cpu":
+                    text += f", {_KIND_WORDS.get(kind, kind)}"
+                text += "."
+            out.append({"level": "bad" if share >= 20 else "warn", "text": text, "path": path})
+        if not diagnosis.get("bottlenecks") and diagnosis.get("total_samples"):
+            out.append(
+                {
+                    "level": "info",
+                    "text": f"Nothing reaches the {diagnosis.get('threshold_pct', 5):g}% threshold: "
+                    "no single bottleneck stands out.",
+                }
+            )
+    spending = session_view.get("spending") or {}
+    budget = float(session_view.get("budget") or 0.0)
+    now = sum((spending.get("now") or {}).values())
+    if budget > 0 and now > budget * 1.05:
+        out.append({"level": "warn", "text": f"Overhead now is {100 * now:.2f}%, above the {100 * budget:g}% budget."})
+    return out
+
+
+# --- processes --------------------------------------------------------------------------------
+
+
+def process_rows(host_rows: list[dict[str, Any]], sessions: list[dict[str, Any]]) -> dict[str, Any]:
+    """The processes view: every Python process on the host, and sessions the monitor keeps of ended ones."""
+    by_pid: dict[int, dict[str, Any]] = {}
+    for s in sessions:
+        # the newest session of a pid (connected first) describes the running process
+        prev = by_pid.get(s["pid"])
+        if prev is None or (s["connected"], s["start_time"]) > (prev["connected"], prev["start_time"]):
+            by_pid[s["pid"]] = s
+    running = []
+    live_pids = set()
+    for r in sorted(host_rows, key=lambda r: r["pid"]):
+        live_pids.add(r["pid"])
+        known = by_pid.get(r["pid"])
+        row = {
+            "pid": r["pid"],
+            "command": " ".join(r["argv"]),
+            "attached": bool(r["attached"]),
+            "monitored": bool(r["monitored"]),
+            "known": known is not None,
+        }
+        if known is not None:
+            row.update(
+                budget=known["budget"], overhead=known["overhead"], samples=known["samples"], python=known["python"]
+            )
+        running.append(row)
+    ended = [
+        {
+            "pid": s["pid"],
+            "command": " ".join(s["argv"]),
+            "start_time": s["start_time"],
+            "samples": s["samples"],
+            "last_report": s["last_report"],
+            "python": s["python"],
+        }
+        for s in sorted(sessions, key=lambda s: -(s["last_report"] or 0.0))
+        if s["pid"] not in live_pids or not _same_process(s)
+    ]
+    return {"processes": running, "ended": ended, "host": os.uname().nodename}
+
+
+def _same_process(session: dict[str, Any]) -> bool:
+    """True when the running process with this pid is the session's (same start time), not a reused pid."""
+    import psutil
+
+    try:
+        started = float(psutil.Process(session["pid"]).create_time())
+    except (psutil.Error, OSError):
+        return False
+    return abs(started - float(session["start_time"])) < 1.0
+
+
+# --- flame graph ------------------------------------------------------------------------------
+
+#: Nodes sent to the page at most; smaller frames go first.
+MAX_FLAME_NODES = 20_000
+
+
+def flame_data(
+    profile: Profile,
+    metric: Metric = "cpu",
+    base: Profile | None = None,
+    *,
+    charge_libraries: bool = False,
+) -> dict[str, Any]:
+    """A flame graph of ``profile`` (threads first under the root), and, with ``base``, the difference.
+
+    Shape (as the exported HTML flame graph's): ``frames`` ``[name, file,
+    line, kind]`` (kind 0 application, 1 library, 2 thread, 3 root) and
+    ``tree`` ``[frame, self, total, [children], base total]``. With ``base``
+    the boxes keep ``profile``'s widths and carry the base window's total of
+    the same call path, so the page colours each by how its share changed.
+    Threads are keyed by name, so a differential view lines up the same
+    thread across windows.
+    """
+    frames: list[list[Any]] = [["all", "", 0, 3]]
+    frame_ids: dict[tuple[Any, ...], int] = {}
+    # node: [frame, self, total, children by frame id, base total]
+    root: list[Any] = [0, 0, 0, {}, 0]
+
+    def add(p: Profile, n_index: int) -> None:
+        is_library = p.library_predicate()
+        for st, stack in p.charged_stacks(charge_libraries):
+            n = st.cpu if metric == "cpu" else st.wall
+            if n == 0:
+                continue
+            thread = p.threads.get(st.thread, "thread")
+            keys: list[int] = [_fid(frames, frame_ids, ("t", thread), [thread, "", 0, 2])]
+            for i in stack:
+                f = p.frames[i]
+                keys.append(
+                    _fid(frames, frame_ids, (f.name, f.file, f.line), [f.name, f.file, f.line, int(is_library(f.file))])
+                )
+            node = root
+            node[n_index] += n
+            for key in keys:
+                child = node[3].get(key)
+                if child is None:
+                    child = node[3][key] = [key, 0, 0, {}, 0]
+                child[n_index] += n
+                node = child
+            if n_index == 2:
+                node[1] += n
+
+    add(profile, 2)
+    if base is not None:
+        add(base, 4)
+    floor = _floor(root, MAX_FLAME_NODES)
+    proc = profile.process
+    window = (proc.get("window") or {}).get("description") or "whole run"
+    out: dict[str, Any] = {
+        "unit": f"{metric} samples",
+        "window": window,
+        "frames": frames,
+        "tree": _nested(root, floor, base is not None),
+        "floor": floor,
+    }
+    if base is not None:
+        out["base_window"] = (base.process.get("window") or {}).get("description") or "whole run"
+        out["base_total"] = root[4]
+    return out
+
+
+def _fid(frames: list[list[Any]], ids: dict[tuple[Any, ...], int], key: tuple[Any, ...], row: list[Any]) -> int:
+    fid = ids.get(key)
+    if fid is None:
+        fid = ids[key] = len(frames)
+        frames.append(row)
+    return fid
+
+
+def _floor(root: list[Any], max_nodes: int) -> int:
+    """The least total a node needs to be sent so that at most ``max_nodes`` are (0: all)."""
+    totals: list[int] = []
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        totals.append(node[2])
+        stack.extend(node[3].values())
+    if len(totals) <= max_nodes:
+        return 0
+    totals.sort(reverse=True)
+    return int(totals[max_nodes - 1]) + 1
+
+
+def _nested(root: list[Any], floor: int, with_base: bool) -> list[Any]:
+    def copy(node: list[Any]) -> list[Any]:
+        return [node[0], node[1], node[2], [], node[4]] if with_base else [node[0], node[1], node[2], []]
+
+    out = copy(root)
+    stack = [(root, out)]
+    while stack:
+        src, dst = stack.pop()
+        for child in sorted(src[3].values(), key=lambda c: -c[2]):
+            # Paths only in the base window have no width in this one: nothing to draw.
+            if child[2] < max(floor, 1):
+                continue
+            c = copy(child)
+            dst[3].append(c)
+            stack.append((child, c))
+    return out
