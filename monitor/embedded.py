@@ -63,12 +63,19 @@ async def profile_target(
     start: Callable[[str], Awaitable[Target]],
     options: Options,
     console: Console,
+    *,
+    beside: Callable[[Monitor], contextlib.AbstractAsyncContextManager[object]] | None = None,
 ) -> tuple[Target, Profile | None]:
-    """Host a monitor, start the target against it, show it live, finish it."""
+    """Host a monitor, start the target against it, show it live, finish it.
+
+    ``beside(monitor)`` is entered once the monitor serves and left when it
+    stops: what else runs on its loop for as long (``dyper demo``'s dashboard).
+    """
     monitor = Monitor("tcp://127.0.0.1:0")
     endpoint = monitor.bind()
     stop = asyncio.Event()
     server = asyncio.create_task(monitor.serve(stop))
+    extra = contextlib.AsyncExitStack()
     interrupted = asyncio.Event()
     loop = asyncio.get_running_loop()
     with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -76,6 +83,8 @@ async def profile_target(
         loop.add_signal_handler(signal.SIGTERM, interrupted.set)
     target: Target | None = None
     try:
+        if beside is not None:
+            await extra.enter_async_context(beside(monitor))
         target = await start(endpoint)
         began = time.monotonic()
         reason = await _watch(monitor, target, options, console, interrupted, began)
@@ -88,6 +97,7 @@ async def profile_target(
         with contextlib.suppress(Exception):
             loop.remove_signal_handler(signal.SIGINT)
             loop.remove_signal_handler(signal.SIGTERM)
+        await extra.aclose()
         stop.set()
         await server
         monitor.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+from typing import Any
 
 from rich.console import Console
 
@@ -54,7 +55,8 @@ class AttachedProcess:
         await asyncio.to_thread(detach, self.pid)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, *, beside: Any = None) -> int:
+    """``beside``: see :func:`monitor.embedded.profile_target` (the demo's dashboard)."""
     console = Console()
     if args.monitor:
         return _attach_to_standing(args, console)
@@ -68,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
 
     live = not args.quiet and console.is_terminal
     options = Options(args.duration, args.output, args.metric, args.libraries, live, args.window)
-    target, profile = asyncio.run(profile_target(start, options, console))
+    target, profile = asyncio.run(profile_target(start, options, console, beside=beside))
     try:
         finish_output(profile, options, console, target.pid)
     except RuntimeError as exc:

@@ -37,14 +37,23 @@ CPU_CONFIDENT_SAMPLES = 1000
 # --- per-proflet report ---------------------------------------------------------------
 
 
-def report_builder() -> Callable[..., dict[str, Any]] | None:
-    """``monitor.report.build_report`` if the proflet framework is installed, else None."""
+def report(session: Session, profile: Profile) -> dict[str, Any]:
+    """The proflets' report over ``profile`` (a window of ``session``).
+
+    ``monitor.report.report_of(profile)`` when the proflet framework provides
+    it, otherwise :func:`fallback_report`. A cpu status is added when the
+    report carries none, so the summary always has its first light.
+    """
     try:
-        from monitor import report  # type: ignore[attr-defined,unused-ignore]
+        from monitor.report import report_of  # type: ignore[attr-defined,unused-ignore]
     except ImportError:
-        return None
-    builder = getattr(report, "build_report", None)
-    return builder if callable(builder) else None
+        return fallback_report(session, profile)
+    result: dict[str, Any] = dict(report_of(profile))
+    status = result.setdefault("status", {})
+    functions = (result.get("proflets") or {}).get("cpu", {}).get("functions")
+    if "cpu" not in status and isinstance(functions, list):
+        status["cpu"] = cpu_status(functions, profile.total("cpu"))
+    return result
 
 
 def fallback_report(session: Session, profile: Profile) -> dict[str, Any]:
@@ -85,14 +94,16 @@ def cpu_table(rows: list[dict[str, Any]], profile: Profile, calls_per_s: dict[tu
     interval = sample_interval_s(profile)
     window = float(profile.process.get("window_s") or profile.process.get("duration_s") or 0.0)
     for r in rows:
-        if "self" in r and "base_s" not in r:
+        if "self" in r and r.get("base_s") is None:
             r["base_s"] = round(r["self"] * interval, 4)
-        if "total" in r and "total_s" not in r:
+        if "total" in r and r.get("total_s") is None:
             r["total_s"] = round(r["total"] * interval, 4)
-        rate = calls_per_s.get((r.get("file", ""), r.get("name", ""), r.get("line", 0)))
-        if rate is not None and "calls_per_s" not in r:
-            r["calls_per_s"] = round(rate, 2)
-            calls = rate * window
+        rate = r.get("calls_per_s")
+        if rate is None:
+            rate = calls_per_s.get((r.get("file", ""), r.get("name", ""), r.get("line", 0)))
+        if rate is not None:
+            r["calls_per_s"] = round(float(rate), 2)
+            calls = float(rate) * window
             r["count"] = int(calls)
             r["ms_per_call"] = round(1000.0 * r["total_s"] / calls, 4) if calls > 0 and "total_s" in r else None
 
@@ -158,25 +169,29 @@ def findings(
     """
     out: list[dict[str, Any]] = []
     if diagnosis is not None:
-        for b in diagnosis.get("bottlenecks", [])[:limit]:
+        # Bottlenecks that read the same in words (one function waiting in the same
+        # call along two paths) are one finding, their shares added.
+        merged: dict[str, dict[str, Any]] = {}
+        for b in diagnosis.get("bottlenecks", []):
             path = list(b.get("path") or [])
             hypothesis = str(b.get("hypothesis", ""))
             what = _HYPOTHESIS_WORDS.get(hypothesis, hypothesis)
-            share = float(b.get("share_pct") or 0.0)
             if not path:
-                text = f"The whole program {what}: {share:.0f}% of the busy time."
+                head, tail = f"The whole program {what}", ""
             else:
                 app = [f for f in path if is_library is None or not is_library(_frame_file(f))]
                 who = app[-1] if app else path[-1]
-                text = f"{short_name(who)} {what}"
+                head = f"{short_name(who)} {what}"
                 if who != path[-1]:
-                    text += f" in {short_name(path[-1])}"
-                text += f": {share:.0f}% of the busy time"
+                    head += f" in {short_name(path[-1])}"
                 kind = str(b.get("kind", ""))
-                if kind != "self" or hypothesis == "cpu":
-                    text += f", {_KIND_WORDS.get(kind, kind)}"
-                text += "."
-            out.append({"level": "bad" if share >= 20 else "warn", "text": text, "path": path})
+                tail = f", {_KIND_WORDS.get(kind, kind)}" if kind != "self" or hypothesis == "cpu" else ""
+            item = merged.setdefault(head + tail, {"head": head, "tail": tail, "share": 0.0, "path": path})
+            item["share"] += float(b.get("share_pct") or 0.0)
+        for item in sorted(merged.values(), key=lambda i: -i["share"])[:limit]:
+            share = item["share"]
+            text = f"{item['head']}: {share:.0f}% of the busy time{item['tail']}."
+            out.append({"level": "bad" if share >= 20 else "warn", "text": text, "path": item["path"]})
         if not diagnosis.get("bottlenecks") and diagnosis.get("total_samples"):
             out.append(
                 {

@@ -278,7 +278,7 @@ class Dashboard:
         """Figures 4 and 6: the process, its lights, budget and spending, the proflets' tables over the window."""
         spec = self._window(window_text)
         profile = await self._profile(session, spec)
-        report = self._report(session, spec, profile)
+        report = self._report(session, profile)
         info = session_info(session)
         timeline = await self._timeline(session)
         process = profile.process
@@ -295,21 +295,20 @@ class Dashboard:
             },
             "status": report.get("status", {}),
             "proflets": report.get("proflets", {}),
+            # proflets' own noteworthy lines (leak suspects, GIL contention...) and the ones switched off
+            "findings": report.get("findings", []),
+            "off": report.get("off", {}),
+            "errors": report.get("errors", []),
             "overhead": timeline,
             "bursts": len(session.bursts),
         }
 
-    def _report(self, session: Session, spec: WindowSpec, profile: Profile) -> dict[str, Any]:
-        report: dict[str, Any] | None = None
-        builder = data.report_builder()
-        if builder is not None:
-            try:
-                report = builder(session, window=spec)
-            except Exception as exc:  # a proflet's bug must not take the page down
-                report = data.fallback_report(session, profile)
-                report.setdefault("errors", []).append(f"build_report: {type(exc).__name__}: {exc}")
-        if report is None:
+    def _report(self, session: Session, profile: Profile) -> dict[str, Any]:
+        try:
+            report = data.report(session, profile)
+        except Exception as exc:  # a proflet's bug must not take the page down
             report = data.fallback_report(session, profile)
+            report["errors"] = [f"report: {type(exc).__name__}: {exc}"]
         cpu = (report.get("proflets") or {}).get("cpu") or {}
         if isinstance(cpu.get("functions"), list):
             data.cpu_table(cpu["functions"], profile, session.calls_per_s())

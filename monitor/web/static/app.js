@@ -471,6 +471,12 @@
         h("div", { class: "nm", text: name }),
         h("div", { class: "nb", text: (st.problem * 100).toFixed(0) + "% · " + (st.confidence * 100).toFixed(0) + "% sure" })));
     });
+    Object.keys(s.off || {}).sort().forEach(function (name) {
+      if (s.status && s.status[name]) return;
+      lights.appendChild(h("div", { class: "light", title: name + " is off: " + s.off[name] },
+        h("div", { class: "dot", style: "background:transparent;border:2px dashed var(--line)" }),
+        h("div", { class: "nm", text: name }), h("div", { class: "nb", text: "off" })));
+    });
     if (!lights.firstChild) lights.appendChild(h("div", { class: "empty", text: "no proflet has reported a status yet" }));
 
     var info = s.session, sp = info.spending || {};
@@ -530,9 +536,13 @@
 
   function updateFindings() {
     var ul = document.getElementById("findings");
-    if (!ul || !state.diagnosis) return;
+    if (!ul || (!state.diagnosis && !(state.summary && state.summary.findings.length))) return;
     clear(ul);
-    var f = state.diagnosis.findings || [];
+    // the proflets' own findings (leaks, GIL contention, I/O waits...), then the diagnosis's bottlenecks
+    var f = ((state.summary && state.summary.findings) || []).map(function (x) {
+      return typeof x === "string" ? { level: "warn", text: x } :
+        { level: x.level || "warn", text: x.text || x.message || JSON.stringify(x), path: x.path };
+    }).concat((state.diagnosis && state.diagnosis.findings) || []);
     if (!f.length) ul.appendChild(h("li", { class: "info", text: "nothing noteworthy yet" }));
     f.forEach(function (item) {
       ul.appendChild(h("li", { class: item.level, text: item.text, title: (item.path || []).join("\n") }));
