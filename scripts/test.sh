@@ -24,6 +24,20 @@ if [ ${#pythons[@]} -eq 0 ]; then
   exit 2
 fi
 
+# The dashboard's browser tests drive Debian's chromium through chromedriver.
+# Install both when missing and we can (root with apt-get); without them those
+# tests fail saying how to install them (or skip with DYPER_SKIP_BROWSER=1).
+if ! command -v chromium >/dev/null 2>&1 || ! { command -v chromedriver || ls /usr/bin/chromedriver; } >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "--- installing chromium and chromium-driver for the browser tests"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null 2>&1 \
+      || { apt-get update -qq >/dev/null 2>&1 \
+           && apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null 2>&1; } \
+      || echo "could not install chromium and chromium-driver: the browser tests will say what is missing" >&2
+  fi
+fi
+
 status=0
 first=1
 for py in "${pythons[@]}"; do
