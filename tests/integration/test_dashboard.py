@@ -167,12 +167,10 @@ def test_summary_shows_lights_and_budget(dashboard):
     page.driver.get(f"{page.url}#/p/{target.pid}")
     page.until("document.querySelector('.light[data-proflet=\"cpu\"] .dot')", "the cpu light")
     page.until("document.getElementById('budget-now').textContent === '2%'", "the budget")
-    # a light's colour says something: not the grey of no data once samples came in
     page.until("document.querySelectorAll('#top-functions tbody tr').length > 0", "top functions")
     page.until("document.querySelector('#plot svg path.spent')", "the overhead plot")
-    page.until("document.querySelectorAll('#findings li.bad, #findings li.warn').length > 0", "findings", timeout=40)
-    text = page.js("return document.getElementById('findings').textContent")
-    assert "% of the busy time" in text
+    # the diagnosis's bottlenecks in words (proflets' own findings may come first)
+    page.until("document.getElementById('findings').textContent.includes('% of the busy time')", "findings", 40)
 
 
 def test_changing_the_budget_on_the_page_reaches_the_agent(dashboard):
