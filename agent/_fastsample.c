@@ -788,7 +788,8 @@ memo_match(const module_state *state, Py_ssize_t pos, unsigned long tid,
  * The key used is left in memo_out (a new reference) if it may be reused. */
 static int
 record_thread(module_state *state, PyObject *counts, PyObject *locs, PyObject *new_loc,
-              const snapshot *s, Py_ssize_t pos, PyObject **buf, memo_entry *memo_out)
+              const snapshot *s, Py_ssize_t pos, PyObject **buf, memo_entry *memo_out,
+              Py_ssize_t *leaf_out)
 {
     const thread_rec *tr = &s->threads[pos];
     int rc = -1;
@@ -811,6 +812,17 @@ record_thread(module_state *state, PyObject *counts, PyObject *locs, PyObject *n
         if (!PyLong_CheckExact(buf[i])) {
             all_ints = 0;
             break;
+        }
+    }
+    /* The leaf (stacks are leaf first) tells the activity count what the thread does. */
+    *leaf_out = -1;
+    if (filled > 0 && PyLong_CheckExact(buf[0])) {
+        Py_ssize_t leaf = PyLong_AsSsize_t(buf[0]);
+        if (leaf == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+        }
+        else {
+            *leaf_out = leaf;
         }
     }
     if (all_ints) {
@@ -863,11 +875,48 @@ done:
  * before. Returns -1 with an exception set if a thread could not be
  * recorded (new_loc raised, no memory): the samples before it stay counted.
  * Leaves `s` to the caller, who must clear it. */
+/* Optional: how many threads were active in each sample. A thread is active
+ * unless its leaf location is marked in `waiting` (one byte per location id,
+ * nonzero: the leaf is a call that waits; the agent marks them as it learns
+ * them). hist[k] counts the samples with k active threads (the last slot
+ * takes k and more). Threads without Python frames are not counted. */
+typedef struct {
+    const unsigned char *waiting;
+    Py_ssize_t nwaiting;
+    PyObject *hist;   /* a list of ints, or NULL: no histogram */
+} activity;
+
+static int
+activity_add(const activity *act, Py_ssize_t active)
+{
+    Py_ssize_t n = PyList_GET_SIZE(act->hist);
+    if (n == 0) {
+        return 0;
+    }
+    if (active >= n) {
+        active = n - 1;
+    }
+    PyObject *old = PyList_GET_ITEM(act->hist, active);
+    PyObject *one = PyLong_FromLong(1);
+    if (one == NULL) {
+        return -1;
+    }
+    PyObject *sum = PyNumber_Add(old, one);
+    Py_DECREF(one);
+    if (sum == NULL) {
+        return -1;
+    }
+    PyList_SetItem(act->hist, active, sum);   /* steals, drops old */
+    return 0;
+}
+
 static int
 record_snapshot(module_state *state, PyObject *counts, PyObject *locs, PyObject *new_loc,
-                const snapshot *s)
+                const snapshot *s, const activity *act)
 {
     int rc = -1;
+    Py_ssize_t active = 0;
+    int in_sample = 0;
     PyObject **buf = NULL;
     memo_entry *memo_next = NULL;
     Py_ssize_t nmemo_next = 0;
@@ -880,6 +929,11 @@ record_snapshot(module_state *state, PyObject *counts, PyObject *locs, PyObject 
     }
     for (Py_ssize_t i = 0; i < s->nthreads; i++) {
         if (s->threads[i].pos == 0) {
+            if (act != NULL && in_sample && activity_add(act, active) < 0) {
+                goto done;
+            }
+            active = 0;
+            in_sample = 1;
             /* A new sample: the previous one's keys become the memo. */
             if (memo_next != NULL) {
                 memo_replace(state, memo_next, nmemo_next);
@@ -900,10 +954,18 @@ record_snapshot(module_state *state, PyObject *counts, PyObject *locs, PyObject 
             PyErr_SetString(PyExc_SystemError, "agent._fastsample: malformed snapshot");
             goto done;
         }
+        Py_ssize_t leaf = -1;
         if (record_thread(state, counts, locs, new_loc, s, i, buf,
-                          &memo_next[s->threads[i].pos]) < 0) {
+                          &memo_next[s->threads[i].pos], &leaf) < 0) {
             goto done;
         }
+        if (act != NULL && leaf >= 0 && s->threads[i].depth > 0
+                && (leaf >= act->nwaiting || act->waiting[leaf] == 0)) {
+            active++;
+        }
+    }
+    if (act != NULL && in_sample && activity_add(act, active) < 0) {
+        goto done;
     }
     rc = 0;
 
@@ -925,9 +987,9 @@ done:
  * across it. */
 static int
 record_and_clear(module_state *state, PyObject *counts, PyObject *locs, PyObject *new_loc,
-                 snapshot *s)
+                 snapshot *s, const activity *act)
 {
-    int rc = record_snapshot(state, counts, locs, new_loc, s);
+    int rc = record_snapshot(state, counts, locs, new_loc, s, act);
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     snapshot_clear(s);
@@ -936,12 +998,36 @@ record_and_clear(module_state *state, PyObject *counts, PyObject *locs, PyObject
 }
 
 
+/* The optional (waiting, hist) arguments of sample() and ticker_drain().
+ * On success `view` holds the buffer (release with activity_release). */
+static int
+activity_parse(PyObject *waiting, PyObject *hist, activity *act, Py_buffer *view)
+{
+    if (!PyList_CheckExact(hist)) {
+        PyErr_Format(PyExc_TypeError, "hist must be a list, not %.100s", Py_TYPE(hist)->tp_name);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(hist); i++) {
+        if (!PyLong_Check(PyList_GET_ITEM(hist, i))) {
+            PyErr_SetString(PyExc_TypeError, "hist must hold ints");
+            return -1;
+        }
+    }
+    if (PyObject_GetBuffer(waiting, view, PyBUF_SIMPLE) < 0) {
+        return -1;
+    }
+    act->waiting = (const unsigned char *)view->buf;
+    act->nwaiting = view->len;
+    act->hist = hist;
+    return 0;
+}
+
 /* ------------------------------------------------------------------------
  * sample()
  * ------------------------------------------------------------------------ */
 
 PyDoc_STRVAR(sample_doc,
-"sample(counts, locs, new_loc, skip_ident, /) -> None\n"
+"sample(counts, locs, new_loc, skip_ident, [waiting, hist,] /) -> None\n"
 "\n"
 "Record one snapshot of every thread's Python stack, exactly as\n"
 "agent.core.Agent._sample_python does, without creating frame objects.\n"
@@ -951,14 +1037,18 @@ PyDoc_STRVAR(sample_doc,
 "new_loc: called as new_loc(key, code, f_lasti, f_lineno) for a key whose\n"
 "    location is missing or None; its result is used as the location.\n"
 "    Exceptions propagate; threads already recorded stay counted.\n"
-"skip_ident: thread ident to leave out (the sampler's own), or None.");
+"skip_ident: thread ident to leave out (the sampler's own), or None.\n"
+"waiting, hist: optional; waiting is a bytes-like object with one byte per\n"
+"    location id (nonzero: a leaf there is waiting, not active), and\n"
+"    hist[k] += 1 for a sample with k active threads (the last slot takes\n"
+"    k and more).");
 
 static PyObject *
 fastsample_sample(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 4) {
+    if (nargs != 4 && nargs != 6) {
         PyErr_Format(PyExc_TypeError,
-                     "sample() takes exactly 4 arguments (%zd given)", nargs);
+                     "sample() takes 4 or 6 arguments (%zd given)", nargs);
         return NULL;
     }
     PyObject *counts = args[0], *locs = args[1], *new_loc = args[2], *skip_obj = args[3];
@@ -999,6 +1089,12 @@ fastsample_sample(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyThreadState *me = PyThreadState_Get();
     PyInterpreterState *interp = me->interp;
 
+    activity act;
+    Py_buffer view = {0};
+    if (nargs == 6 && activity_parse(args[4], args[5], &act, &view) < 0) {
+        return NULL;
+    }
+
     /* Phase 1 */
     snapshot s = {0};
     head_lock();
@@ -1008,9 +1104,16 @@ fastsample_sample(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     /* Phase 2 */
     if (taken < 0) {
         snapshot_clear(&s);
+        if (nargs == 6) {
+            PyBuffer_Release(&view);
+        }
         return PyErr_NoMemory();
     }
-    if (record_and_clear(state, counts, locs, new_loc, &s) < 0) {
+    int rc = record_and_clear(state, counts, locs, new_loc, &s, nargs == 6 ? &act : NULL);
+    if (nargs == 6) {
+        PyBuffer_Release(&view);
+    }
+    if (rc < 0) {
         return NULL;
     }
     Py_RETURN_NONE;
@@ -1629,16 +1732,16 @@ fastsample_ticker_set(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 }
 
 PyDoc_STRVAR(ticker_drain_doc,
-"ticker_drain(counts, locs, new_loc, /) -> int\n"
+"ticker_drain(counts, locs, new_loc, [waiting, hist,] /) -> int\n"
 "\n"
-"Phase 2 for every queued snapshot, as sample() does for one; returns the\n"
-"number of samples drained.");
+"Phase 2 for every queued snapshot, as sample() does for one (waiting and\n"
+"hist as there); returns the number of samples drained.");
 
 static PyObject *
 fastsample_ticker_drain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "ticker_drain() takes exactly 3 arguments");
+    if (nargs != 3 && nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "ticker_drain() takes 3 or 5 arguments");
         return NULL;
     }
     PyObject *counts = args[0], *locs = args[1], *new_loc = args[2];
@@ -1650,12 +1753,21 @@ fastsample_ticker_drain(PyObject *module, PyObject *const *args, Py_ssize_t narg
     if (state == NULL) {
         return NULL;
     }
+    activity act;
+    Py_buffer view = {0};
+    if (nargs == 5 && activity_parse(args[3], args[4], &act, &view) < 0) {
+        return NULL;
+    }
     /* Detach the queue first: phase 2 may run Python code, and with it
      * pending calls that queue new snapshots. */
     snapshot s = ticker.queue;
     memset(&ticker.queue, 0, sizeof(ticker.queue));
     Py_ssize_t n = s.nsamples;
-    if (record_and_clear(state, counts, locs, new_loc, &s) < 0) {
+    int rc = record_and_clear(state, counts, locs, new_loc, &s, nargs == 5 ? &act : NULL);
+    if (nargs == 5) {
+        PyBuffer_Release(&view);
+    }
+    if (rc < 0) {
         return NULL;
     }
     return PyLong_FromSsize_t(n);

@@ -34,7 +34,7 @@ import zmq
 
 from agent import protocol
 from agent.budget import Guard, Plan, ProfletCosts, cost, plan
-from agent.proflet import Collector, DetailContext
+from agent.proflet import Collector, DetailContext, ReportContext
 from agent.schedule import BurstCost, DetailScheduler, calibrate, fit_interval
 from agent.tables import Tables
 
@@ -94,12 +94,15 @@ BURST_TICK_S: Final = 0.02
 BURST_TICK_MAX_S: Final = 0.25
 #: ... and while requests wait for money, this often to start what has become affordable.
 DETAIL_TICK_S: Final = 0.1
-#: Built-in proflets whose collectors run in the agent by default. On 3.11 the
-#: cpu proflet can only detail through yappi, which hooks every call of every
-#: function; its slowdown of a call-heavy service measured up to 8 times what
-#: its per-call calibration charges (bench/overhead.py, service at 25%), so
-#: there it runs only when asked for (DYPER_PROFLETS=cpu or proflets=("cpu",)).
-DEFAULT_PROFLETS: Final = ("cpu",) if sys.version_info >= (3, 12) else ()
+#: Proflets whose collectors run by default: every one registered (see
+#: :mod:`proflets`). On 3.11 the cpu proflet can only detail through yappi,
+#: which hooks every call of every function; its slowdown of a call-heavy
+#: service measured up to 8 times what its per-call calibration charges
+#: (bench/overhead.py, service at 25%), so there its detailing runs only
+#: when named (DYPER_PROFLETS=cpu,... or proflets=("cpu", ...)).
+DEFAULT_PROFLETS: Final = None
+#: Slots of the active-threads histogram (the last takes that many or more).
+ACTIVITY_SLOTS: Final = 65
 
 Clock = Callable[[], float]
 
@@ -155,15 +158,33 @@ class _Burst:
         self.charged_s = reserved_s
 
 
-def _load_collectors(names: tuple[str | Collector, ...]) -> dict[str, Collector]:
+def _load_collectors(names: tuple[str | Collector, ...] | None, off: dict[str, str]) -> dict[str, Collector]:
+    """Build the collectors of ``names`` (None: every registered proflet).
+
+    A proflet that cannot be loaded goes into ``off`` with the reason; the
+    others still run.
+    """
+    import proflets  # lazy: the registry reads distribution metadata
+
+    explicit = names is not None
+    available = proflets.available()
+    wanted: tuple[str | Collector, ...] = tuple(available) if names is None else names
     collectors: dict[str, Collector] = {}
-    for name in names:
+    for name in wanted:
         if isinstance(name, Collector):  # an instance given by the embedding program (or a test)
             collectors[name.name] = name
-        elif name == "cpu":
-            from proflets.cpu import CpuCollector  # lazy: most of a process's life needs no detailing code
-
-            collectors[name] = CpuCollector()
+            continue
+        try:
+            module = proflets.load(name, available.get(name, ""))
+            cls = getattr(module, "COLLECTOR", None)
+            if cls is None:
+                continue  # a monitor-only proflet
+            collector = cls()
+        except Exception as exc:
+            off[name] = f"not loaded: {type(exc).__name__}: {exc}"
+            continue
+        collector.explicit = explicit
+        collectors[name] = collector
     return collectors
 
 
@@ -179,7 +200,7 @@ class Agent:
         ceiling: float | None = None,
         clock: Clock = time.monotonic,
         on_exit: Callable[[Agent], None] | None = None,
-        proflets: tuple[str | Collector, ...] = DEFAULT_PROFLETS,
+        proflets: tuple[str | Collector, ...] | None = DEFAULT_PROFLETS,
     ) -> None:
         self._on_exit = on_exit
         self._pending_budget: float | None = None
@@ -224,10 +245,18 @@ class Agent:
         self.max_op_s = 0.0
         self._samples_total = 0
         self._hello: dict[str, Any] | None = None
-        # Detailing. Collectors are built on the sampler thread, at start.
+        # Proflets. Collectors are built on the sampler thread, at start.
         self._proflet_names = proflets
+        #: every running collector
         self.collectors: dict[str, Collector] = {}
-        #: calibrated costs per detailing proflet
+        #: those whose sampled / report hooks are overridden (only those are called)
+        self._on_sampled: list[Collector] = []
+        self._on_report: list[Collector] = []
+        #: active threads per sample, cumulative (see ReportContext.activity); None: nobody asked
+        self._activity: list[int] | None = None
+        #: CPU seconds of one-time start-up work on the sampler thread (loading the proflets)
+        self.startup_s = 0.0
+        #: calibrated costs per detailing proflet (the collectors that detail)
         self.proflet_costs: dict[str, ProfletCosts] = {}
         #: proflet name -> why it is off (unavailable here, or its collector raised)
         self.proflets_off: dict[str, str] = {}
@@ -408,7 +437,7 @@ class Agent:
                     if self._samples_total in _EARLY_REPLANS:
                         self._replan()
                     next_sample = now + self._jitter(self.sample_delay_s)
-            if self.collectors and now >= self._detail_at:
+            if self.proflet_costs and now >= self._detail_at:
                 self._detail_step(self.clock())
                 self._detail_at = self._next_detail_event()
             if not self._hello_sent and now >= next_hello:
@@ -433,7 +462,7 @@ class Agent:
             wake = min(
                 next_sample,
                 next_report,
-                self._detail_at if self.collectors else math.inf,
+                self._detail_at if self.proflet_costs else math.inf,
             )
             # Round up: a sub-millisecond wait truncated to poll(0) would make
             # this loop spin, taking the GIL from the application each time.
@@ -545,7 +574,12 @@ class Agent:
         stats = _fast.ticker_stats()
         last = self._ticker_last
         if drain or stats["queued"] >= TICKER_DRAIN_AT or stats["dropped"] > last["dropped"]:
-            n = _fast.ticker_drain(self.counts, self.tables.locs, self.tables.new_loc)
+            if self._activity is None:
+                n = _fast.ticker_drain(self.counts, self.tables.locs, self.tables.new_loc)
+            else:
+                n = _fast.ticker_drain(
+                    self.counts, self.tables.locs, self.tables.new_loc, self.tables.waiting, self._activity
+                )
             self._after_samples(n)
         else:
             n = 0
@@ -577,27 +611,45 @@ class Agent:
     # --- detailing ----------------------------------------------------------------------
 
     def _start_collectors(self) -> None:
+        t0 = _cost_clock()
         try:
-            collectors = _load_collectors(self._proflet_names)
-        except Exception as exc:  # a broken proflet module must not stop the sampler
+            collectors = _load_collectors(self._proflet_names, self.proflets_off)
+        except Exception as exc:  # a broken registry must not stop the sampler
             self.errors.append(f"proflets not loaded: {type(exc).__name__}: {exc}")
-            return
+            collectors = {}
+        for name in self.proflets_off:
+            self.errors.append(f"proflet {name} off: {self.proflets_off[name]}")
         for name, collector in collectors.items():
             try:
-                reason = collector.unavailable() if collector.DETAILS else "nothing to detail"
+                reason = collector.unavailable()
             except Exception as exc:
                 reason = f"{type(exc).__name__}: {exc}"
             if reason is not None:
                 self.proflets_off[name] = reason
                 continue
             self.collectors[name] = collector
-            self.proflet_costs[name] = collector.costs()
-        self.scheduler.queue.allows = {name: c.ALLOWS for name, c in self.collectors.items()}
+            kind = type(collector)
+            if kind.sampled is not Collector.sampled:
+                self._on_sampled.append(collector)
+            if kind.report is not Collector.report:
+                self._on_report.append(collector)
+            if collector.WANTS_ACTIVITY:
+                self._activity = [0] * ACTIVITY_SLOTS
+            if collector.DETAILS:
+                self.proflet_costs[name] = collector.costs()
+        self.scheduler.queue.allows = {name: self.collectors[name].ALLOWS for name in self.proflet_costs}
+        # Loading is start-up, like importing the agent itself: one-time
+        # imports (tens of ms of CPU), paid once per attach. Charging it to a
+        # 1% budget would stop sampling for seconds; it is reported instead
+        # (startup_s), so the user sees it.
+        self.startup_s += _cost_clock() - t0
         self._replan()
 
     def _switch_off(self, name: str, exc: BaseException) -> None:
         """A collector raised: it is done for this run; nothing reaches the application."""
         collector = self.collectors.pop(name, None)
+        self._on_sampled = [c for c in self._on_sampled if c is not collector]
+        self._on_report = [c for c in self._on_report if c is not collector]
         self.proflet_costs.pop(name, None)
         self._bursts.pop(name, None)
         self.scheduler.queue.forget(name)
@@ -685,7 +737,7 @@ class Agent:
         self._replan()
 
     def _next_detail_event(self) -> float:
-        if not self.collectors:
+        if not self.proflet_costs:
             return math.inf
         now = self.clock()
         if self._bursts:
@@ -745,13 +797,27 @@ class Agent:
         does the same without creating frame objects.
         """
         if _fast is not None:
-            _fast.sample(self.counts, self.tables.locs, self.tables.new_loc, self._ident)
+            if self._activity is None:
+                _fast.sample(self.counts, self.tables.locs, self.tables.new_loc, self._ident)
+            else:
+                _fast.sample(
+                    self.counts, self.tables.locs, self.tables.new_loc, self._ident, self.tables.waiting, self._activity
+                )
         else:
             self._sample_python()
         self._after_samples(1)
 
     def _after_samples(self, n: int) -> None:
         self.samples_in_window += n
+        if self._activity is not None and self.tables.unflagged:
+            # New leaves: learn at once which of them wait, so the activity
+            # count of the next samples knows (once per new location, not per sample).
+            self.tables.flag_leaves({stack[0] for _, stack in self.counts if stack})
+        for collector in self._on_sampled:
+            try:
+                collector.sampled(n, self.counts)
+            except Exception as exc:
+                self._switch_off(collector.name, exc)
         if len(self.counts) > MAX_PENDING_STACKS:
             # The monitor has been away long enough to fill the table: drop
             # these samples (counted) rather than grow without bound.
@@ -765,6 +831,9 @@ class Agent:
         new_loc = self.tables.new_loc
         counts = self.counts
         me = self._ident
+        activity = self._activity
+        waiting = self.tables.waiting
+        active = 0
         for tid, frame in sys._current_frames().items():
             if tid == me:
                 continue
@@ -783,6 +852,10 @@ class Agent:
                 f = f.f_back
             k = (tid, tuple(stack))
             counts[k] = counts.get(k, 0) + 1
+            if activity is not None and stack and (stack[0] >= len(waiting) or not waiting[stack[0]]):
+                active += 1
+        if activity is not None:
+            activity[min(active, len(activity) - 1)] += 1
 
     def _restart_tables(self) -> None:
         self.dropped["samples"] += sum(self.counts.values())
@@ -822,6 +895,7 @@ class Agent:
             # this window's sampling and earlier reports; this report's own cost goes in the next
             "costs": dict(self._window_costs),
             "spent_s": self.guard.spent_s,
+            "startup_s": self.startup_s,
             "elapsed_s": now - self.guard.started,
             "budget": self.budget,
             "delays": {
@@ -836,6 +910,8 @@ class Agent:
             "proflets": self._proflet_states(),
             "details": self._details_done,
         }
+        if self._on_report:
+            body["data"] = self._collector_data(now - self._window_start)
         sent = self._send(sock, protocol.REPORT, body)
         if sent:
             self._cool()
@@ -857,6 +933,27 @@ class Agent:
         self.guard.charge(spent, self.clock())
         self.report_cost_s += EWMA_ALPHA * 4 * (spent - self.report_cost_s)
         self._replan()
+
+    def _collector_data(self, window_s: float) -> dict[str, Any]:
+        rows = self.tables.loc_rows
+        ctx = ReportContext(
+            window_s=window_s,
+            counts=self.counts,
+            samples=self.samples_in_window,
+            activity=list(self._activity or ()),
+            loc_flags=lambda loc: rows[loc][5] if 0 <= loc < len(rows) else 0,
+            agent_ident=self._ident,
+        )
+        data: dict[str, Any] = {}
+        for collector in list(self._on_report):
+            try:
+                out = collector.report(ctx)
+            except Exception as exc:
+                self._switch_off(collector.name, exc)
+                continue
+            if out is not None:
+                data[collector.name] = out
+        return data
 
     def _proflet_states(self) -> dict[str, dict[str, Any]]:
         """Per proflet: the calibrated costs the monitor plans with, or why it is off."""
@@ -906,7 +1003,7 @@ class Agent:
             "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
             "budget": self.budget,
             "agent_version": AGENT_VERSION,
-            "capabilities": ["cpu", *sorted(self.collectors)],
+            "capabilities": sorted({"cpu", *self.collectors}),
         }
         if self.attach_token:
             body["attach_token"] = self.attach_token
@@ -946,6 +1043,6 @@ class Agent:
             elif msg_type == protocol.DETAIL:
                 name = body.get("proflet")
                 # Only while the monitor's plan holds: on our own we keep our own schedule.
-                if name in self.collectors and self._monitor_plan is not None:
+                if name in self.proflet_costs and self._monitor_plan is not None:
                     self.scheduler.queue.request(name)
                     self._detail_at = -math.inf  # look at once

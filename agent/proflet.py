@@ -1,18 +1,31 @@
 """The agent half of a proflet: the collector that runs inside the target.
 
-A collector may detail: run a costly analysis for a short burst that the
-scheduler places inside the budget (DYPER section 4). It tells the scheduler
-what a burst costs (OVHD, SLOW, ITVL) and how much it wants one (PRTY), and
-which proflets may detail at the same time. The agent measures what each
-burst really costs and corrects those estimates (:func:`agent.schedule.calibrate`).
+A proflet is one module with two halves (DYPER section 5): this collector,
+which runs in the target, and an analyzer (:class:`proflets.base.Analyzer`)
+in the monitor, which merges what the collector reports. A proflet module
+names them ``COLLECTOR`` and ``ANALYZER`` and registers under the
+``dyper.proflets`` entry-point group (see :mod:`proflets`).
 
-Every hook runs on the sampler thread. A hook that raises switches its
-proflet off (the agent reports why); the application never sees it.
+A collector has four hooks, all optional no-ops; the agent calls only those
+a collector overrides, so an unused hook costs nothing:
+
+* :meth:`Collector.sampled`: after each batch of stack samples is recorded;
+* :meth:`Collector.start_detail` / :meth:`Collector.stop_detail`: a burst of
+  costly analysis that the scheduler places inside the budget (DYPER
+  section 4). The collector tells the scheduler what a burst costs (OVHD,
+  SLOW, ITVL) and how much it wants one (PRTY), and which proflets may
+  detail at the same time. The agent measures what each burst really costs
+  and corrects those estimates (:func:`agent.schedule.calibrate`);
+* :meth:`Collector.report`: data for the report going to the monitor.
+
+Every hook runs on the sampler thread and its time is charged to the
+budget. A hook that raises switches its proflet off (the agent reports
+why); the application never sees it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import CodeType
 from typing import Any, ClassVar
@@ -31,6 +44,25 @@ class DetailContext:
     length_s: float
 
 
+@dataclass(frozen=True)
+class ReportContext:
+    """What the agent hands a collector's report hook."""
+
+    #: length of the window this report covers, seconds (the agent's clock)
+    window_s: float
+    #: the window's stack counts so far: (thread ident, location ids leaf first) -> samples
+    counts: Mapping[tuple[int, tuple[int, ...]], int]
+    #: samples in the window
+    samples: int
+    #: active threads per sample: hist[k] = samples with k threads running or
+    #: ready to run (the last slot: k or more); empty when no collector asked
+    activity: Sequence[int]
+    #: location flags (agent.protocol LOC_*) by location id
+    loc_flags: Callable[[int], int]
+    #: the agent's own thread, to leave out of per-thread figures
+    agent_ident: int
+
+
 class Collector:
     """Base class: every hook is a no-op, so a collector overrides only what it does."""
 
@@ -45,6 +77,20 @@ class Collector:
     ALLOWS: ClassVar[frozenset[str]] = frozenset()
     #: False for collectors with nothing to detail
     DETAILS: ClassVar[bool] = False
+    #: True: the agent counts active threads per sample for the report hook
+    #: (ReportContext.activity)
+    WANTS_ACTIVITY: ClassVar[bool] = False
+
+    def sampled(self, n: int, counts: Mapping[tuple[int, tuple[int, ...]], int]) -> None:
+        """``n`` more samples were added to the window's ``counts``. Charged as sampling: keep it cheap."""
+
+    def report(self, ctx: ReportContext) -> dict[str, Any] | None:
+        """Data for this window's report (plain msgpack-able data), or None for nothing."""
+        return None
+
+    #: False when the collector runs because every registered proflet does by
+    #: default, True when the user named it (set by the agent when loading)
+    explicit: bool = True
 
     def unavailable(self) -> str | None:
         """Why this collector cannot detail in this process (None: it can)."""

@@ -71,6 +71,14 @@ LOC_BLOCKING: Final = 1
 #: running in an application thread): the monitor leaves such frames out of
 #: the application's profile, their cost is in the agent's ledger.
 LOC_AGENT: Final = 2
+#: What a blocking leaf waits for (set with LOC_BLOCKING; the threads proflet
+#: splits waiting time by them, as DYPER's thread table does): a lock held by
+#: another thread ("block"), a condition, event, queue or join ("wait"),
+#: I/O (sockets, files, select), or sleep.
+LOC_LOCK: Final = 4
+LOC_WAIT: Final = 8
+LOC_IO: Final = 16
+LOC_SLEEP: Final = 32
 
 
 class DecodeError(ValueError):
@@ -197,7 +205,8 @@ _SCHEMAS: dict[str, Callable[[Body], None]] = {
             # string table additions: [id, text]
             "strings": _list_of(_tuple_of(_is_int, _is_str)),
             # location additions: [id, file string id, qualname string id, first line, line, flags]
-            # flags: LOC_BLOCKING when the instruction is a call to a blocking routine, LOC_AGENT for dyper's own code
+            # flags: LOC_BLOCKING when the instruction is a call to a blocking routine (with one of
+            # LOC_LOCK, LOC_WAIT, LOC_IO, LOC_SLEEP saying what it waits for), LOC_AGENT for dyper's own code
             "locs": _list_of(_tuple_of(_is_int, _is_int, _is_int, _is_int, _is_int, _is_int)),
             # [thread ident, count, [location ids, leaf first]]
             "stacks": _list_of(_tuple_of(_is_int, _is_int, _list_of(_is_int))),
@@ -207,6 +216,7 @@ _SCHEMAS: dict[str, Callable[[Body], None]] = {
             "threads": _list_of(_tuple_of(_is_int, _is_str)),
             "costs": _COSTS,  # seconds spent in the window: sample, report, detail
             "spent_s": _is_num,  # total seconds spent since start
+            "startup_s": _is_num,  # one-time start-up work (loading proflets), not in spent_s
             "elapsed_s": _is_num,  # wall seconds since start
             "budget": _is_num,
             "delays": _COSTS,  # current mean delays in seconds
@@ -217,6 +227,8 @@ _SCHEMAS: dict[str, Callable[[Body], None]] = {
             "proflets": _map_of(lambda v: isinstance(v, dict)),
             # bursts finished in the window: {proflet, t, length_s, fixed_s, slowdown_s, ...results}
             "details": _list_of(lambda v: isinstance(v, dict) and isinstance(v.get("proflet"), str)),
+            # per proflet: what its collector's report hook returned for the window (plain data)
+            "data": _map_of(lambda v: isinstance(v, dict)),
         },
     ),
     BYE: _fields({"agent": _is_str}, {"reason": _is_str}),

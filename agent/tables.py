@@ -14,7 +14,7 @@ import os
 from types import CodeType
 from typing import Final
 
-from agent.protocol import LOC_AGENT, LOC_BLOCKING
+from agent.protocol import LOC_AGENT, LOC_BLOCKING, LOC_IO, LOC_LOCK, LOC_SLEEP, LOC_WAIT
 
 #: Directories of dyper's own packages: code there is the agent, not the application.
 _OWN_DIRS: Final = tuple(
@@ -39,9 +39,23 @@ BLOCKING_CALLS: Final = frozenset(
         "recv", "recv_into", "recvfrom", "recvfrom_into", "recvmsg", "accept", "_accept",
         "connect", "sendall", "getaddrinfo", "gethostbyname",
         "read", "readinto", "readline", "waitpid", "wait4", "pause", "sigwait", "sigtimedwait",
-        "input", "communicate", "lockf", "flock",
+        "input", "communicate", "lockf", "flock", "__enter__",
     }
 )  # fmt: skip
+
+#: What each blocking call waits for (see agent.protocol). ``acquire`` is a
+#: lock unless it is the waiter inside Condition.wait (conditions, events,
+#: queues, semaphores and barriers all wait there) or a join's.
+_KIND_OF_CALL: Final = {
+    **dict.fromkeys(("sleep", "pause", "sigwait", "sigtimedwait"), LOC_SLEEP),
+    **dict.fromkeys(("acquire", "lockf", "flock", "__enter__"), LOC_LOCK),
+    **dict.fromkeys(("wait", "join", "_wait_for_tstate_lock", "waitpid", "wait4", "communicate"), LOC_WAIT),
+}
+_WAITING_IN: Final = frozenset({"Condition.wait", "Thread._wait_for_tstate_lock", "Thread.join"})
+#: ``with lock:``: a leaf at the with-statement's entry is inside a C
+#: ``__enter__``, which in practice is a lock's acquire (a Python __enter__
+#: would be a frame of its own).
+_WITH_ENTRY: Final = frozenset({"BEFORE_WITH"})
 
 _CALLS = frozenset({"CALL", "CALL_FUNCTION_EX", "CALL_KW"})
 # PUSH_NULL only adds the NULL beside the callable (3.11+ calling convention).
@@ -130,6 +144,30 @@ def callee_name(code: CodeType, lasti: int) -> str | None:
         return None
 
 
+def wait_kind(code: CodeType, lasti: int) -> int:
+    """What a thread whose leaf is at ``lasti`` in ``code`` waits for: one of
+    the LOC_LOCK, LOC_WAIT, LOC_IO, LOC_SLEEP flags, or 0 (it is running or
+    ready to run)."""
+    name = callee_name(code, lasti)
+    if name is None:
+        return LOC_LOCK if _opname_at(code, lasti) in _WITH_ENTRY else 0
+    if name not in BLOCKING_CALLS:
+        return 0
+    kind = _KIND_OF_CALL.get(name, LOC_IO)
+    if kind == LOC_LOCK and name == "acquire" and code.co_qualname in _WAITING_IN:
+        return LOC_WAIT
+    return kind
+
+
+def _opname_at(code: CodeType, lasti: int) -> str | None:
+    try:
+        offsets, steps = _instructions(code)
+        at = bisect.bisect_left(offsets, lasti)
+        return steps[at].opname if at < len(offsets) and offsets[at] == lasti else None
+    except Exception:  # as in callee_name: never break the agent on odd code
+        return None
+
+
 class Tables:
     """String and location tables with a record of what the monitor already has."""
 
@@ -148,6 +186,9 @@ class Tables:
         self._codes: list[CodeType] = []
         #: new locations whose blocking flag is still to be decided
         self._unflagged: list[tuple[int, CodeType, int]] = []
+        #: one byte per location id, 1 where a leaf waits: the C walker's
+        #: activity count reads it (see agent._fastsample.sample)
+        self.waiting = bytearray()
         self.sent_strings = 0
         self.sent_locs = 0
 
@@ -195,10 +236,21 @@ class Tables:
         the few leaves rather than for every new frame during a sample.
         """
         rows = self.loc_rows
+        waiting = self.waiting
+        if len(waiting) < len(rows):
+            waiting.extend(bytes(len(rows) - len(waiting)))
         for loc, code, lasti in self._unflagged:
-            if loc in leaves and callee_name(code, lasti) in BLOCKING_CALLS:
-                rows[loc][5] |= LOC_BLOCKING
+            if loc in leaves:
+                kind = wait_kind(code, lasti)
+                if kind:
+                    rows[loc][5] |= LOC_BLOCKING | kind
+                    waiting[loc] = 1
         self._unflagged.clear()
+
+    @property
+    def unflagged(self) -> bool:
+        """Locations are waiting for :meth:`flag_leaves`."""
+        return bool(self._unflagged)
 
     def full(self) -> bool:
         return len(self.loc_rows) >= MAX_LOCATIONS

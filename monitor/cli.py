@@ -25,6 +25,7 @@ COMMANDS = (
     "bottlenecks",
     "diagnose",
     "export",
+    "report",
 )
 
 

@@ -48,17 +48,28 @@ class Profile:
     process: dict[str, Any] = field(default_factory=dict)
     #: the target's sysconfig paths, to tell library code from application code
     paths: dict[str, str] = field(default_factory=dict)
+    #: what the proflets' analyzers said for the same span: status, results,
+    #: findings, off (see monitor.report); empty for profiles without them
+    proflets: dict[str, Any] = field(default_factory=dict)
 
     # --- construction ---------------------------------------------------------------
 
     @classmethod
-    def from_session(cls, session: Session, window_s: float | None = None) -> Profile:
+    def from_session(cls, session: Session, window_s: float | None = None, *, proflets: bool = True) -> Profile:
+        """The session's counts (whole run, or its last ``window_s`` seconds), with the proflets' sections."""
         counts, samples = session.window_counts(window_s)
         process = process_info(session)
         process.update(
             duration_s=session.duration_s() if window_s is None else window_s, samples=samples, window_s=window_s
         )
-        return cls.from_counts(session.frames.frames, counts, dict(session.threads), process, session_paths(session))
+        profile = cls.from_counts(session.frames.frames, counts, dict(session.threads), process, session_paths(session))
+        if not proflets:
+            return profile
+        from monitor.report import proflet_sections
+
+        start = None if window_s is None or not session.windows else session.windows[-1].t - window_s
+        profile.proflets = proflet_sections(session, start, None)
+        return profile
 
     @classmethod
     def from_counts(
@@ -111,7 +122,15 @@ class Profile:
             raise ValueError(f"{origin}: malformed dyper profile ({type(exc).__name__}: {exc})") from None
         if any(i >= len(frames) or i < 0 for s in stacks for i in s.frames):
             raise ValueError(f"{origin}: malformed dyper profile (frame index out of range)")
-        return cls(frames, stacks, threads, dict(data.get("process", {})), dict(data.get("paths", {})))
+        proflets = data.get("proflets")
+        return cls(
+            frames,
+            stacks,
+            threads,
+            dict(data.get("process", {})),
+            dict(data.get("paths", {})),
+            dict(proflets) if isinstance(proflets, dict) else {},
+        )
 
     def to_json(self) -> dict[str, Any]:
         """dyper's own profile format, version 1.
@@ -120,7 +139,8 @@ class Profile:
         ``[thread ident, wall samples, cpu samples, [frame indexes, root first]]``;
         ``threads``: ident (as a string) -> name; ``process``: pid, host,
         argv, python, budget, overhead, duration_s, samples; ``paths``: the
-        target's sysconfig paths.
+        target's sysconfig paths; ``proflets`` (optional): the proflets'
+        status, results, findings and why any were off, as ``dyper report`` shows them.
         """
         return {
             "format": FORMAT,
@@ -130,6 +150,7 @@ class Profile:
             "threads": {str(k): v for k, v in self.threads.items()},
             "frames": [[f.file, f.name, f.firstline, f.line] for f in self.frames],
             "stacks": [[s.thread, s.wall, s.cpu, list(s.frames)] for s in self.stacks],
+            **({"proflets": self.proflets} if self.proflets else {}),
         }
 
     # --- analyses --------------------------------------------------------------------
@@ -227,6 +248,8 @@ def process_info(session: Session) -> dict[str, Any]:
         "cpus": hello.get("cpus"),
         "budget": session.budget(),
         "overhead": session.overhead(),
+        # one-time start-up CPU seconds (loading the proflets), outside the budget
+        "startup_s": sum(a.startup_s for a in session.agents.values()),
         # seconds spent per category over the run: sample, wake, report, detail
         "costs": dict(session.costs),
         "dropped": _sum_dropped(session),

@@ -33,7 +33,6 @@ from monitor.profile import Profile, process_info, session_paths
 from monitor.scheduler import AgentSchedule
 from monitor.session import AgentState, FrameTable, Session, SessionKey, Slice, UnknownLocation
 from monitor.windows import WindowSpec
-from proflets import cpu as cpu_proflet
 
 if TYPE_CHECKING:
     from monitor.history import History, ReportMeta
@@ -257,7 +256,11 @@ class Monitor:
             schedule = self.schedules[state.agent_id] = AgentSchedule(budget=state.budget)
 
         def priorities(name: str) -> float | None:
-            return cpu_proflet.priority(session) if name == "cpu" else None
+            analyzer = session.analyzers.get(name)
+            try:
+                return analyzer.priority() if analyzer is not None else None
+            except Exception:  # a broken analyzer keeps its collector's own priority
+                return None
 
         out = schedule.on_report(body, time.monotonic(), priorities)
         return [(ident, protocol.encode(msg_type, msg)) for msg_type, msg in out]
@@ -480,13 +483,20 @@ class Monitor:
                 return reply(error="this monitor keeps no history (started with --no-history)")
             return self._answer(ident, rid, self.history.stats, lambda stats: stats, True)
         pid = args.get("pid")
-        if op in ("profile", "top", "timeline", "detach", "budget", "detail"):
+        if op in ("profile", "top", "timeline", "detach", "budget", "detail", "report"):
             if not isinstance(pid, int):
                 return reply(error=f"{op}: give a pid")
             start_time = args.get("start_time")
             session = self.session_for(pid, float(start_time) if isinstance(start_time, int | float) else None)
             if session is None:
                 return reply(error=f"process {pid} is not known to this monitor: attach to it first")
+            if op == "report":
+                from monitor.report import build_report
+
+                window_s = args.get("window_s")
+                if window_s is not None and (not isinstance(window_s, int | float) or window_s <= 0):
+                    return reply(error="report: window_s must be a positive number of seconds")
+                return reply(build_report(session, float(window_s) if window_s is not None else None))
             try:
                 spec = _window_arg(args)
             except ValueError as exc:

@@ -18,7 +18,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.protocol import LOC_AGENT, LOC_BLOCKING
+from agent.protocol import LOC_AGENT, LOC_BLOCKING, LOC_IO, LOC_LOCK, LOC_SLEEP
+from proflets.base import Analyzer, ReportView
 
 #: (host, pid, process start time)
 SessionKey = tuple[str, int, float]
@@ -75,14 +76,16 @@ class AgentState:
     agent_id: str
     epoch: int = 0
     strings: dict[int, str] = field(default_factory=dict)
-    #: agent location id -> (global frame id, blocking flag); None for dyper's own code
-    locs: dict[int, tuple[FrameId, bool] | None] = field(default_factory=dict)
+    #: agent location id -> (global frame id, flags, agent.protocol LOC_*); None for dyper's own code
+    locs: dict[int, tuple[FrameId, int] | None] = field(default_factory=dict)
     connected: bool = True
     last_seen: float = 0.0
     last_seq: int = -1
     budget: float = 0.0
     spent_s: float = 0.0
     elapsed_s: float = 0.0
+    #: one-time start-up CPU (loading the proflets), outside the budget's ledger
+    startup_s: float = 0.0
     delays: dict[str, float] = field(default_factory=dict)
     dropped: dict[str, int] = field(default_factory=dict)
     attach_token: str | None = None
@@ -164,6 +167,8 @@ class Session:
         self.bursts: deque[dict[str, Any]] = deque(maxlen=500)
         #: cpu detailing: function (file, qualname, first line) -> [calls counted, seconds counted]
         self.calls: dict[tuple[str, str, int], list[float]] = {}
+        #: the monitor halves of the proflets, by name
+        self.analyzers: dict[str, Analyzer] = make_analyzers(self)
 
     @property
     def pid(self) -> int:
@@ -207,7 +212,7 @@ class Session:
         strings = state.strings
         for sid, text in report["strings"]:
             strings[sid] = text
-        new_locs: dict[int, tuple[FrameId, bool] | None] = {}
+        new_locs: dict[int, tuple[FrameId, int] | None] = {}
         for lid, file_sid, name_sid, firstline, line, flags in report["locs"]:
             try:
                 frame = Frame(strings[file_sid], strings[name_sid], firstline, line)
@@ -216,24 +221,30 @@ class Session:
             if flags & LOC_AGENT:
                 new_locs[lid] = None  # a detailing hook: its cost is in the ledger, not the profile
                 continue
-            new_locs[lid] = (self.frames.intern(frame), bool(flags & LOC_BLOCKING))
+            new_locs[lid] = (self.frames.intern(frame), flags)
         state.locs.update(new_locs)
         locs = state.locs
         # Resolve everything first so a report with a hole changes nothing.
-        resolved: list[tuple[StackKey, int, bool]] = []
+        resolved: list[tuple[StackKey, int, int]] = []
         for tid, count, stack in report["stacks"]:
             try:
                 mapped = [m for m in (locs[lid] for lid in reversed(stack)) if m is not None]
             except KeyError as exc:
                 raise UnknownLocation(exc.args[0]) from None
-            blocking = bool(mapped) and mapped[-1][1]
-            resolved.append(((tid, tuple(fid for fid, _ in mapped)), count, blocking))
+            leaf_flags = mapped[-1][1] if mapped else 0
+            resolved.append(((tid, tuple(fid for fid, _ in mapped)), count, leaf_flags))
 
         window: dict[StackKey, list[int]] = {}
-        for key, count, blocking in resolved:
-            cpu = 0 if blocking else count
+        #: per thread: samples by what the leaf was doing, for the proflets
+        kinds: dict[int, dict[str, int]] = {}
+        for key, count, leaf_flags in resolved:
+            cpu = 0 if leaf_flags & LOC_BLOCKING else count
             _add(self.counts, key, count, cpu)
             _add(window, key, count, cpu)
+            if key[1]:  # a thread only in dyper's own code is not the application's
+                per = kinds.setdefault(key[0], {})
+                kind = leaf_kind(leaf_flags)
+                per[kind] = per.get(kind, 0) + count
         for tid, name in report.get("threads") or ():
             self.threads[tid] = name
         self.samples += report["samples"]
@@ -250,6 +261,8 @@ class Session:
             state.spent_s = float(report["spent_s"])
         if report.get("elapsed_s") is not None:
             state.elapsed_s = float(report["elapsed_s"])
+        if report.get("startup_s") is not None:
+            state.startup_s = float(report["startup_s"])
         state.delays = dict(report.get("delays") or {})
         state.dropped = dict(report.get("dropped") or {})
         state.mode = str(report.get("mode") or state.mode)
@@ -277,6 +290,30 @@ class Session:
         for message in report.get("errors") or ():
             self.errors.append(message)
         self.overhead_history.append((t, self.budget(), self.overhead()))
+        self._feed_analyzers(report, t, kinds)
+
+    def _feed_analyzers(self, report: dict[str, Any], t: float, kinds: dict[int, dict[str, int]]) -> None:
+        data = report.get("data") if isinstance(report.get("data"), dict) else {}
+        assert isinstance(data, dict)
+        names = {int(tid): str(name) for tid, name in report.get("threads") or ()}
+        for name, analyzer in self.analyzers.items():
+            mine = data.get(name)
+            view = ReportView(
+                t=t,
+                window_s=float(report["window_s"]),
+                samples=int(report["samples"]),
+                data=mine if isinstance(mine, dict) else None,
+                kinds=kinds,
+                threads=names,
+                cpus=int(self.hello.get("cpus") or 1),
+            )
+            try:
+                analyzer.merge(view)
+                for burst in report.get("details") or ():
+                    if burst.get("proflet") == name:
+                        analyzer.merge_detail(burst)
+            except Exception as exc:  # a broken analyzer loses its own results, nothing else
+                self.errors.append(f"proflet {name}: analyzer failed: {type(exc).__name__}: {exc}")
 
     def _add_burst(self, burst: dict[str, Any]) -> None:
         length = burst.get("length_s")
@@ -285,7 +322,9 @@ class Session:
         self.bursts.append(
             {k: burst.get(k) for k in ("proflet", "t", "length_s", "fixed_s", "slowdown_s") if k in burst}
         )
-        if burst.get("proflet") != "cpu":
+        if burst.get("proflet") != "cpu" or burst.get("lines_counted"):
+            # Bursts that counted lines slowed the candidates, and with them
+            # how often they are called: rates come from the call-only bursts.
             return
         for row in burst.get("functions") or ():
             try:
@@ -340,6 +379,7 @@ class Session:
                 for a in self.agents.values()
             },
             "errors": list(self.errors)[-10:],
+            "analyzers": {name: a.state() for name, a in self.analyzers.items()},
         }
 
     @classmethod
@@ -374,6 +414,13 @@ class Session:
             agent.last_seen = float(a.get("last_seen") or 0.0)
             s.agents[agent.agent_id] = agent
         s.errors.extend(str(e) for e in state.get("errors") or ())
+        for name, kept in (state.get("analyzers") or {}).items():
+            analyzer = s.analyzers.get(str(name))
+            if analyzer is not None and isinstance(kept, dict):
+                try:
+                    analyzer.restore(kept)
+                except Exception as exc:
+                    s.errors.append(f"proflet {name}: history not restored: {type(exc).__name__}: {exc}")
         s.counts = counts
         return s
 
@@ -411,6 +458,54 @@ class Session:
             for key, (wall, cpu) in w.counts.items():
                 _add(merged, key, wall, cpu)
         return merged, samples
+
+
+def leaf_kind(flags: int) -> str:
+    """What a thread whose stack ends at a location with these flags is doing (proflets.base.KINDS)."""
+    if not flags & LOC_BLOCKING:
+        return "run"
+    if flags & LOC_LOCK:
+        return "lock"
+    if flags & LOC_SLEEP:
+        return "sleep"
+    if flags & LOC_IO:
+        return "io"
+    # LOC_WAIT, and agents from before the kinds, which flagged blocking only
+    return "wait"
+
+
+#: Analyzer classes of the registered proflets, loaded once per monitor.
+_ANALYZER_CLASSES: dict[str, type[Analyzer]] | None = None
+#: proflet name -> why its analyzer is not there
+ANALYZERS_OFF: dict[str, str] = {}
+
+
+def analyzer_classes() -> dict[str, type[Analyzer]]:
+    global _ANALYZER_CLASSES
+    if _ANALYZER_CLASSES is None:
+        import proflets
+
+        found: dict[str, type[Analyzer]] = {}
+        for name, module in proflets.available().items():
+            try:
+                cls = getattr(proflets.load(name, module), "ANALYZER", None)
+            except Exception as exc:  # one broken plug-in must not take the monitor down
+                ANALYZERS_OFF[name] = f"{type(exc).__name__}: {exc}"
+                continue
+            if cls is not None:
+                found[name] = cls
+        _ANALYZER_CLASSES = found
+    return _ANALYZER_CLASSES
+
+
+def make_analyzers(session: Session) -> dict[str, Analyzer]:
+    out: dict[str, Analyzer] = {}
+    for name, cls in analyzer_classes().items():
+        try:
+            out[name] = cls(session)
+        except Exception as exc:
+            ANALYZERS_OFF[name] = f"{type(exc).__name__}: {exc}"
+    return out
 
 
 def _add(counts: dict[StackKey, list[int]], key: StackKey, wall: int, cpu: int) -> None:

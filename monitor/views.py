@@ -81,7 +81,7 @@ def top_view(
 ) -> dict[str, Any]:
     """The live view of a session over the last ``window_s`` (None: whole run), or over ``profile``'s window."""
     if profile is None:
-        profile = Profile.from_session(session, window_s)
+        profile = Profile.from_session(session, window_s, proflets=False)
     rows = profile.functions("cpu", charge_libraries=charge_libraries, floor_pct=DEFAULT_FLOOR_PCT)
     wall = {(r["file"], r["name"], r["line"]): r for r in profile.functions("wall", charge_libraries=charge_libraries)}
     rates = session.calls_per_s()

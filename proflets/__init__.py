@@ -1,0 +1,45 @@
+"""Proflets: the analyses, one module each, found through an entry-point group.
+
+A proflet module defines ``COLLECTOR`` (an :class:`agent.proflet.Collector`
+subclass, run in the target; None if the proflet needs nothing there) and
+``ANALYZER`` (a :class:`proflets.base.Analyzer` subclass, run in the
+monitor), and is registered in its distribution's metadata::
+
+    [project.entry-points."dyper.proflets"]
+    slowsql = "myapp.slowsql"
+
+The built-ins register the same way (see pyproject.toml). They are also
+known here by name, so an agent whose dyper is on ``sys.path`` without its
+metadata (``dyper attach`` into another interpreter) still finds them.
+
+Both halves import this module, so it stays free of anything heavy.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Final
+
+GROUP: Final = "dyper.proflets"
+BUILTINS: Final = {"cpu": "proflets.cpu", "threads": "proflets.threads", "timing": "proflets.timing"}
+
+
+def available() -> dict[str, str]:
+    """Proflet name -> module, the built-ins first, then what is installed."""
+    found = dict(BUILTINS)
+    try:
+        from importlib.metadata import entry_points
+
+        for ep in entry_points(group=GROUP):
+            found.setdefault(ep.name, ep.value.split(":")[0].strip())
+    except Exception:  # broken metadata somewhere on sys.path must not stop profiling
+        pass
+    return found
+
+
+def load(name: str, module: str | None = None) -> ModuleType:
+    """Import the proflet module ``name`` (raises ImportError/KeyError if it is not there)."""
+    if module is None:
+        module = available()[name]
+    return importlib.import_module(module)

@@ -27,6 +27,7 @@ from types import CodeType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from agent.proflet import Collector, DetailContext
+from proflets.base import Analyzer, Status, confidence_of
 
 if TYPE_CHECKING:
     from monitor.profile import Metric, Profile
@@ -181,6 +182,11 @@ class CpuCollector(Collector):
         self._event_cost_s: float | None = None
         self._started = 0.0
         self._yappi_calls_before = 0
+        #: line events slow a hot loop several times over, and a slowed
+        #: function is called less often: every other burst counts calls
+        #: only, and the rates come from those (see Session._add_burst)
+        self._bursts = 0
+        self._with_lines = False
 
     # sys.monitoring callbacks: as little as possible per event
     def _on_start(self, code: CodeType, offset: int) -> None:
@@ -193,6 +199,11 @@ class CpuCollector(Collector):
         lines[key] = lines.get(key, 0) + 1
 
     def unavailable(self) -> str | None:
+        if not self._monitoring and not self.explicit:
+            return (
+                "cpu detailing on Python 3.11 goes through yappi, which slows every call: "
+                "name it to turn it on (DYPER_PROFLETS=cpu,threads,timing)"
+            )
         if self._monitoring:
             mon = sys.monitoring  # type: ignore[attr-defined,unused-ignore]
             if all(mon.get_tool(t) is not None for t in (mon.PROFILER_ID, 3, 4)):
@@ -277,13 +288,16 @@ class CpuCollector(Collector):
         self._codes = list(ctx.candidates[: self.MAX_CANDIDATES])
         self._calls = {}
         self._lines = {}
+        self._with_lines = self._monitoring and self._bursts % 2 == 1
+        self._bursts += 1
         if self._monitoring:
             mon = sys.monitoring  # type: ignore[attr-defined,unused-ignore]
             self._tool = self._claim_tool()
             if self._event_cost_s is None:
                 self._event_cost_s = self._calibrate_monitoring()
+            events = mon.events.PY_START | (mon.events.LINE if self._with_lines else 0)
             for code in self._codes:
-                mon.set_local_events(self._tool, code, mon.events.PY_START | mon.events.LINE)
+                mon.set_local_events(self._tool, code, events)
         else:
             import yappi
 
@@ -323,6 +337,7 @@ class CpuCollector(Collector):
             "slowdown_s": events * (self._event_cost_s or 0.0),
             "functions": [[c.co_filename, c.co_qualname, c.co_firstlineno, n] for c, n in calls.items()],
             "lines": [[c.co_filename, c.co_qualname, c.co_firstlineno, line, n] for (c, line), n in lines.items()],
+            "lines_counted": self._with_lines,
         }
         self._calls, self._lines, self._codes = {}, {}, []
         return result
@@ -354,3 +369,71 @@ class CpuCollector(Collector):
                 yappi.stop()
                 yappi.clear_stats()
         self._codes = []
+
+
+# --- monitor half ------------------------------------------------------------------
+
+
+class CpuAnalyzer(Analyzer):
+    """Per function and line shares from the session's stacks, with the call counts detailing measured."""
+
+    name = "cpu"
+
+    def _profile(self, start: float | None, end: float | None) -> Profile:
+        from monitor.profile import Profile, process_info, session_paths
+
+        session = self.session
+        if start is None and end is None:
+            counts, seconds, samples = session.counts, session.duration_s(), session.samples
+        else:
+            part = session.slice(start, end)
+            counts, seconds, samples = part.counts, part.seconds, part.samples
+        process = dict(process_info(session), duration_s=seconds, samples=samples)
+        return Profile.from_counts(
+            session.frames.frames, counts, dict(session.threads), process, session_paths(session)
+        )
+
+    def results(self, start: float | None = None, end: float | None = None) -> dict[str, Any]:
+        profile = self._profile(start, end)
+        duration = float(profile.process.get("duration_s") or 0.0)
+        rates = self.session.calls_per_s()
+        functions = function_table(profile, floor_pct=FLOOR_PCT)
+        for row in functions:
+            rate = rates.get((row["file"], row["name"], row["line"]))
+            row["calls_per_s"] = rate
+            row["calls"] = round(rate * duration) if rate is not None else None
+            # seconds of CPU: the share of the samples times the time they cover
+            row["self_s"] = row["self_pct"] / 100.0 * duration
+            row["total_s"] = row["total_pct"] / 100.0 * duration
+            row["s_per_call"] = row["total_s"] / row["calls"] if row["calls"] else None
+        return {"functions": functions, "lines": line_table(profile, floor_pct=FLOOR_PCT)}
+
+    def _busy(self) -> tuple[float, int]:
+        session = self.session
+        cpu = sum(c for _, c in session.counts.values())
+        return (min(1.0, cpu / session.samples) if session.samples else 0.0), session.samples
+
+    def status(self) -> Status:
+        # The light says how CPU-bound the process is: the share of sampling
+        # passes that found a thread on the CPU (or ready for it).
+        busy, samples = self._busy()
+        return Status(busy, confidence_of(samples))
+
+    def priority(self) -> float | None:
+        return priority(self.session)
+
+    def findings(self) -> list[str]:
+        busy, samples = self._busy()
+        if samples < 50 or busy < 0.5:
+            return []
+        top = function_table(self._profile(None, None), floor_pct=FLOOR_PCT)[:1]
+        if not top or top[0]["self_pct"] < 10:
+            return []
+        return [
+            f"the process is CPU-bound ({busy:.0%} of samples on the CPU); {top[0]['name']} takes "
+            f"{top[0]['self_pct']:.0f}% of the CPU samples itself"
+        ]
+
+
+COLLECTOR = CpuCollector
+ANALYZER = CpuAnalyzer

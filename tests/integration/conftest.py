@@ -26,10 +26,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def dyper(*args: str, timeout: float = 60, check: bool = False) -> subprocess.CompletedProcess[str]:
-    """Run the real CLI in a subprocess, as a user would."""
+def dyper(
+    *args: str, timeout: float = 60, check: bool = False, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the real CLI in a subprocess, as a user would (``env``: added to the environment)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "monitor", *args], capture_output=True, text=True, timeout=timeout, cwd=REPO
+        [sys.executable, "-m", "monitor", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env={**os.environ, **env} if env else None,
     )
     if check and proc.returncode != 0:
         raise AssertionError(f"dyper {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")

@@ -58,7 +58,12 @@ Counts = dict[tuple[int, tuple[Any, ...]], int]
 
 def python_sample(counts: Counts, locs: dict[int, Any], new_loc: Callable[..., Any], me: int) -> None:
     """The reference: the agent's own pure-Python walker, on a stand-in agent."""
-    stand_in = types.SimpleNamespace(tables=types.SimpleNamespace(locs=locs, new_loc=new_loc), counts=counts, _ident=me)
+    stand_in = types.SimpleNamespace(
+        tables=types.SimpleNamespace(locs=locs, new_loc=new_loc, waiting=bytearray()),
+        counts=counts,
+        _ident=me,
+        _activity=None,
+    )
     Agent._sample_python(stand_in)  # type: ignore[arg-type]
 
 
@@ -358,6 +363,51 @@ def test_blocked_threads_match(parked: Parked) -> None:
     parked.start(lambda: recurse(12, parked.park), "event-waiter")
     parked.wait_parked()
     compare(parked.tids)
+
+
+def test_activity_histogram_matches_the_reference(parked: Parked) -> None:
+    """Both walkers count the threads that are not waiting, per sample, the same way."""
+    parked.start(lambda: recurse(3, parked.park_in_sleep), "sleeper")
+    parked.start(lambda: recurse(4, parked.park_on_lock), "lock-waiter")
+    parked.start(lambda: recurse(5, parked.park), "event-waiter")
+    parked.wait_parked()
+    spinning = threading.Event()
+    stop = threading.Event()
+
+    def spin() -> None:
+        spinning.set()
+        while not stop.is_set():
+            pass
+
+    spinner = threading.Thread(target=spin, name="spinner")
+    spinner.start()
+    spinning.wait()
+    try:
+        tables = Tables()
+        me = threading.get_ident()
+        counts: Counts = {}
+        # First sample: nothing is known to wait yet, every thread with Python frames is active.
+        first = [0] * 8
+        _fastsample.sample(counts, tables.locs, tables.new_loc, me, tables.waiting, first)
+        assert sum(first) == 1
+        tables.flag_leaves({stack[0] for _, stack in counts if stack})
+        c_hist = [0] * 8
+        for _ in range(5):
+            _fastsample.sample({}, tables.locs, tables.new_loc, me, tables.waiting, c_hist)
+        py_hist = [0] * 8
+        stand_in = types.SimpleNamespace(tables=tables, counts={}, _ident=me, _activity=py_hist)
+        for _ in range(5):
+            Agent._sample_python(stand_in)  # type: ignore[arg-type]
+        # The spinner runs; the sleeper, the lock waiter and the event waiter wait.
+        # (Other threads of the test process, if any, count the same in both.)
+        assert c_hist == py_hist
+        assert sum(c_hist) == 5
+        active = [k for k, n in enumerate(c_hist) if n]
+        assert active == [active[0]] and active[0] >= 1
+        assert first.index(1) >= active[0] + 3  # the three waiting threads stopped counting
+    finally:
+        stop.set()
+        spinner.join()
 
 
 @pytest.mark.parametrize(

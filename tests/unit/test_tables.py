@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from agent.protocol import LOC_BLOCKING
+from agent.protocol import LOC_BLOCKING, LOC_IO, LOC_LOCK, LOC_SLEEP, LOC_WAIT
 from agent.tables import MAX_LOCATIONS, Tables, callee_name
 
 
@@ -73,7 +73,8 @@ def test_new_loc_flags_and_resend():
     t.flag_leaves({a, b})  # c was only ever an inner frame
     rows = {row[0]: row for row in t.loc_rows}
     assert rows[c][5] == 0
-    assert rows[a][5] == LOC_BLOCKING and rows[b][5] == 0
+    assert rows[a][5] == LOC_BLOCKING | LOC_SLEEP and rows[b][5] == 0
+    assert t.waiting[a] == 1 and t.waiting[b] == 0 and t.waiting[c] == 0
     assert rows[b][4] == code.co_firstlineno  # unknown line falls back to the def line
     strings, locs = t.unsent()
     assert len(locs) == 3 and [s[1] for s in strings] == [code.co_filename, code.co_qualname]
@@ -94,3 +95,81 @@ def test_tables_restart_under_a_new_epoch():
 @pytest.mark.parametrize("lasti", [-2, 10**6])
 def test_callee_name_is_safe_on_odd_offsets(lasti):
     assert callee_name(test_callee_name_is_safe_on_odd_offsets.__code__, lasti) is None
+
+
+def test_wait_kinds_of_parked_threads():
+    """What each blocked thread's leaf waits for, as the threads proflet splits it."""
+    import queue
+    import socket
+    import sys as _sys
+
+    from agent.tables import wait_kind
+
+    lock, rlock = threading.Lock(), threading.RLock()
+    cond = threading.Condition(threading.RLock())
+    q: queue.Queue[int] = queue.Queue()
+    event = threading.Event()
+    a, b = socket.socketpair()
+    stop = threading.Event()
+
+    def with_lock():
+        with lock:
+            pass
+
+    def acquire():
+        lock.acquire()
+        lock.release()
+
+    def with_rlock():
+        with rlock:
+            pass
+
+    def with_condition():
+        with cond:
+            pass
+
+    def spin():
+        while not stop.is_set():
+            pass
+
+    def join():
+        t = threading.Thread(target=event.wait)
+        t.start()
+        t.join()
+
+    expected = {
+        "with_lock": LOC_LOCK, "acquire": LOC_LOCK, "with_rlock": LOC_LOCK, "with_condition": LOC_LOCK,
+        "queue_get": LOC_WAIT, "event_wait": LOC_WAIT, "join": LOC_WAIT,
+        "sleep": LOC_SLEEP, "recv": LOC_IO, "spin": 0,
+    }  # fmt: skip
+    targets = {
+        "with_lock": with_lock, "acquire": acquire, "with_rlock": with_rlock, "with_condition": with_condition,
+        "queue_get": q.get, "event_wait": event.wait, "join": join,
+        "sleep": lambda: time.sleep(3), "recv": lambda: a.recv(1), "spin": spin,
+    }  # fmt: skip
+    lock.acquire()
+    rlock.acquire()
+    cond.acquire()
+    threads = {name: threading.Thread(target=fn, name=name) for name, fn in targets.items()}
+    try:
+        for t in threads.values():
+            t.start()
+        time.sleep(0.3)
+        frames = _sys._current_frames()
+        got = {}
+        for name, t in threads.items():
+            frame = frames[t.ident]
+            got[name] = wait_kind(frame.f_code, frame.f_lasti)
+        assert got == expected
+    finally:
+        stop.set()
+        lock.release()
+        rlock.release()
+        cond.release()
+        q.put(1)
+        event.set()
+        b.send(b"x")
+        for t in threads.values():
+            t.join(5)
+        a.close()
+        b.close()

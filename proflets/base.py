@@ -1,0 +1,111 @@
+"""The monitor half of a proflet: the analyzer.
+
+One analyzer per proflet per profiled process (session). The monitor hands
+it every report of that process (:meth:`Analyzer.merge`) and every detailing
+burst its collector finished (:meth:`Analyzer.merge_detail`); it answers
+with its results for a time window (the ``dyper report`` section and the
+dashboard's table), a status for the summary view, findings in plain words,
+and a priority for the scheduler.
+
+The status is DYPER's light: ``problem`` (0-1, the hue: is something wrong
+here?) and ``confidence`` (0-1, the brightness: how sure, mostly from how
+much has been seen).
+
+Analyzers keep per-report rows, bounded, so any recent window can be
+summed, plus whole-run totals; :meth:`state` / :meth:`restore` carry the
+totals through the monitor's history.
+
+This module is imported in the target too (proflet modules import it), so
+it imports nothing from the monitor at module level.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+#: Per-report rows kept for windows: an hour of reports at one a second.
+ROWS_KEPT = 3600
+
+#: Kinds a sample's leaf can have (see agent.protocol LOC_*): "run" is
+#: running or ready to run (on the CPU, or waiting for it or for the GIL).
+KINDS = ("run", "lock", "wait", "io", "sleep")
+
+
+@dataclass(frozen=True)
+class ReportView:
+    """One report as an analyzer sees it."""
+
+    #: end of the report's window (the agent's wall clock) and its length
+    t: float
+    window_s: float
+    #: sampling passes in the window
+    samples: int
+    #: this proflet's collector data for the window (None: it sent none)
+    data: Mapping[str, Any] | None
+    #: per thread ident: samples by what the leaf was doing (KINDS)
+    kinds: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
+    #: thread ident -> name, as the agent knows them
+    threads: Mapping[int, str] = field(default_factory=dict)
+    #: processors the process may run on
+    cpus: int = 1
+
+
+@dataclass(frozen=True)
+class Status:
+    problem: float = 0.0
+    confidence: float = 0.0
+
+    def to_json(self) -> dict[str, float]:
+        return {"problem": round(self.problem, 3), "confidence": round(self.confidence, 3)}
+
+
+def confidence_of(samples: float, half: float = 200.0) -> float:
+    """How sure a figure from ``samples`` observations is: 0 with none, 0.5 at ``half``, towards 1."""
+    return samples / (samples + half) if samples > 0 else 0.0
+
+
+class Analyzer:
+    """Base class: the hooks an analyzer may override. Every one has a safe default."""
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, session: Any = None) -> None:
+        #: the monitor's session of the process (monitor.session.Session), for
+        #: analyzers that read its stacks
+        self.session = session
+        #: (report end time, per-report row) for windows
+        self.rows: deque[tuple[float, Any]] = deque(maxlen=ROWS_KEPT)
+
+    def merge(self, report: ReportView) -> None:
+        """Fold one report in."""
+
+    def merge_detail(self, burst: Mapping[str, Any]) -> None:
+        """Fold in a detailing burst of this proflet (length_s, fixed_s, slowdown_s, and the collector's results)."""
+
+    def priority(self) -> float | None:
+        """PRTY for the scheduler (0-1), or None to keep the collector's own."""
+        return None
+
+    def results(self, start: float | None = None, end: float | None = None) -> dict[str, Any]:
+        """The proflet's section of ``dyper report``: the window of reports ending in (start, end], default all."""
+        return {}
+
+    def status(self) -> Status:
+        return Status()
+
+    def findings(self) -> list[str]:
+        """Noteworthy things, in plain words, for the summary."""
+        return []
+
+    def state(self) -> dict[str, Any]:
+        """What history keeps (plain data)."""
+        return {}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Take back what :meth:`state` gave."""
+
+    def window_rows(self, start: float | None, end: float | None) -> list[Any]:
+        return [row for t, row in self.rows if (start is None or t > start) and (end is None or t <= end)]

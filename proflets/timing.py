@@ -1,0 +1,242 @@
+"""The timing proflet: how much parallelism the process has and gets (DYPER section 5.5).
+
+Basic analysis: the number of active threads per sample (running or ready
+to run: not waiting on a lock, a condition, I/O or sleep), its mean and
+standard deviation, against the processors the process may use; and each
+thread's CPU time, read from its CPU clock at every report, so
+``cores_used`` (CPU seconds per wall second) is exact, not extrapolated.
+When several threads are ready to run but the process gets about one core,
+they are waiting for the GIL: the report says so in words.
+
+The per-sample count of active threads is made by the agent's walker as it
+records each sample (``WANTS_ACTIVITY``): a histogram, cumulative, so a lost
+report loses nothing.
+
+Detailing: for a burst, the kernel's run-queue figures per thread
+(``/proc/self/task/*/schedstat``): how long threads were runnable but had
+no processor. That tells a machine short of CPUs (run-queue waits) from a
+process short of GIL (no run-queue wait, yet no CPU either).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from agent.proflet import Collector, DetailContext, ReportContext
+from proflets.base import Analyzer, ReportView, Status, confidence_of
+from proflets.threads import _native_ids, _schedstat, thread_cpu_s
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+class TimingCollector(Collector):
+    name = "timing"
+    OVHD_MS = 1.0
+    SLOW = 0.0
+    ITVL_MS = 2000.0
+    PRTY = 0.2
+    ALLOWS: ClassVar[frozenset[str]] = frozenset({"threads", "memory", "io", "heap"})
+    DETAILS = True
+    WANTS_ACTIVITY = True
+
+    def __init__(self) -> None:
+        self._me = threading.get_ident()  # built on the sampler thread
+        self._baseline = {
+            ident: cpu for ident, native in _native_ids(self._me).items() if (cpu := thread_cpu_s(native)) is not None
+        }
+        self._start: dict[int, int] = {}
+        self._started = 0.0
+
+    def report(self, ctx: ReportContext) -> dict[str, Any] | None:
+        threads = []
+        for ident, native in _native_ids(ctx.agent_ident).items():
+            cpu = thread_cpu_s(native)
+            if cpu is not None:
+                threads.append([ident, cpu - self._baseline.get(ident, 0.0)])
+        return {"activity": list(ctx.activity), "threads": threads, "cpus": _cpus()}
+
+    def start_detail(self, ctx: DetailContext) -> None:
+        self._natives = _native_ids(self._me)
+        self._start = {}
+        for ident, native in self._natives.items():
+            stat = _schedstat(native)
+            if stat is not None:
+                self._start[ident] = stat[1]
+        self._started = time.perf_counter()
+
+    def stop_detail(self) -> dict[str, Any]:
+        length = time.perf_counter() - self._started
+        waited = {}
+        for ident, before in self._start.items():
+            native = self._natives.get(ident)
+            stat = _schedstat(native) if native is not None else None
+            if stat is not None:
+                waited[ident] = stat[1] - before
+        self._start = {}
+        # ns each thread was runnable but had no processor, over the burst
+        return {"length_s": length, "slowdown_s": 0.0, "runqueue_ns": [[k, v] for k, v in waited.items()]}
+
+
+class TimingAnalyzer(Analyzer):
+    name = "timing"
+
+    def __init__(self, session: Any = None) -> None:
+        super().__init__(session)
+        self._hist_seen: list[int] | None = None
+        self._cpu_seen: dict[int, float] = {}
+        self.names: dict[int, str] = {}
+        self.cpus = 1
+        #: whole run: samples per number of active threads
+        self.hist: list[int] = []
+        #: whole run: ident -> CPU seconds; and the wall seconds they were measured over
+        self.cpu: dict[int, float] = {}
+        self.seconds = 0.0
+        #: bursts: seconds measured, ns runnable without a CPU (all threads)
+        self.burst_s = 0.0
+        self.runqueue_ns = 0.0
+
+    def merge(self, report: ReportView) -> None:
+        data = report.data
+        self.names.update(report.threads)
+        if not data:
+            return
+        self.cpus = int(data.get("cpus") or report.cpus or 1)
+        hist = [int(x) for x in data.get("activity") or ()]
+        last = self._hist_seen
+        # Cumulative; a shorter or smaller one is a new agent, counted from zero.
+        if last is not None and len(last) == len(hist) and all(a >= b for a, b in zip(hist, last, strict=True)):
+            delta = [a - b for a, b in zip(hist, last, strict=True)]
+        else:
+            delta = hist
+        self._hist_seen = hist
+        cpu: dict[int, float] = {}
+        for ident, value in data.get("threads") or ():
+            ident, value = int(ident), float(value)
+            seen = self._cpu_seen.get(ident)
+            cpu[ident] = value - seen if seen is not None and value >= seen else value
+            self._cpu_seen[ident] = value
+        self.rows.append((report.t, (delta, cpu, report.window_s)))
+        _add_hist(self.hist, delta)
+        for ident, v in cpu.items():
+            self.cpu[ident] = self.cpu.get(ident, 0.0) + v
+        self.seconds += report.window_s
+
+    def merge_detail(self, burst: Mapping[str, Any]) -> None:
+        self.burst_s += float(burst.get("length_s") or 0.0)
+        self.runqueue_ns += sum(float(v) for _, v in burst.get("runqueue_ns") or ())
+
+    def _window(self, start: float | None, end: float | None) -> tuple[list[int], dict[int, float], float]:
+        if start is None and end is None:
+            return self.hist, self.cpu, self.seconds
+        hist: list[int] = []
+        cpu: dict[int, float] = {}
+        seconds = 0.0
+        for delta, per, window_s in self.window_rows(start, end):
+            _add_hist(hist, delta)
+            for ident, v in per.items():
+                cpu[ident] = cpu.get(ident, 0.0) + v
+            seconds += window_s
+        return hist, cpu, seconds
+
+    def results(self, start: float | None = None, end: float | None = None) -> dict[str, Any]:
+        hist, cpu, seconds = self._window(start, end)
+        n = sum(hist)
+        mean = sum(k * c for k, c in enumerate(hist)) / n if n else 0.0
+        var = sum(c * (k - mean) ** 2 for k, c in enumerate(hist)) / n if n else 0.0
+        cores = sum(cpu.values()) / seconds if seconds > 0 else 0.0
+        out: dict[str, Any] = {
+            "active_threads_mean": mean,
+            "active_threads_std": math.sqrt(var),
+            "cpus": self.cpus,
+            "cores_used": cores,
+            "samples": n,
+            "seconds": seconds,
+            "threads": sorted(
+                ({"name": self.names.get(i, f"thread-{i}"), "ident": i, "cpu_s": v} for i, v in cpu.items()),
+                key=lambda r: -r["cpu_s"],
+            ),
+            "active_histogram": list(hist),
+        }
+        if self.burst_s > 0:
+            out["runqueue_wait_threads"] = self.runqueue_ns / 1e9 / self.burst_s
+        out["finding"] = _finding(mean, cores, self.cpus, out.get("runqueue_wait_threads"))
+        return out
+
+    def _lost(self) -> float:
+        """Parallelism lost: the share of the usable parallelism the process did not get."""
+        r = self.results()
+        usable = min(float(r["active_threads_mean"]), float(self.cpus))
+        if usable <= 1.0:
+            return 0.0
+        return max(0.0, usable - float(r["cores_used"])) / usable
+
+    def status(self) -> Status:
+        return Status(self._lost(), confidence_of(sum(self.hist)))
+
+    def priority(self) -> float | None:
+        return min(1.0, 0.1 + self._lost())
+
+    def findings(self) -> list[str]:
+        text = self.results()["finding"]
+        return [text] if text and sum(self.hist) >= 20 else []
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "names": {str(k): v for k, v in self.names.items()},
+            "hist": self.hist,
+            "cpu": {str(k): v for k, v in self.cpu.items()},
+            "seconds": self.seconds,
+            "cpus": self.cpus,
+            "burst_s": self.burst_s,
+            "runqueue_ns": self.runqueue_ns,
+        }
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        self.names = {int(k): str(v) for k, v in (state.get("names") or {}).items()}
+        self.hist = [int(x) for x in state.get("hist") or ()]
+        self.cpu = {int(k): float(v) for k, v in (state.get("cpu") or {}).items()}
+        self.seconds = float(state.get("seconds") or 0.0)
+        self.cpus = int(state.get("cpus") or 1)
+        self.burst_s = float(state.get("burst_s") or 0.0)
+        self.runqueue_ns = float(state.get("runqueue_ns") or 0.0)
+
+
+def _add_hist(into: list[int], delta: list[int]) -> None:
+    if len(into) < len(delta):
+        into.extend([0] * (len(delta) - len(into)))
+    for k, c in enumerate(delta):
+        into[k] += c
+
+
+def _finding(active: float, cores: float, cpus: int, runqueue: float | None) -> str | None:
+    """Said in words when threads are ready to run but the process gets less parallelism than it could."""
+    usable = min(active, float(cpus))
+    if usable < 1.5 or cores > 0.75 * usable:
+        return None
+    queued = (
+        f"; the kernel's run queue also held {runqueue:.1f} of them on average: the machine is short of CPU too"
+        if runqueue is not None and runqueue >= 0.5
+        else ""
+    )
+    if cores <= 1.25:
+        # Several threads ready and about one core at most: only one runs Python at a time.
+        return (
+            f"{active:.1f} threads are ready to run on average but the process gets only {cores:.2f} of {cpus} "
+            f"processors: the threads are waiting for the GIL (parallelism lost to the global interpreter lock)"
+            f"{queued}"
+        )
+    return f"{active:.1f} threads are ready to run on average but the process gets {cores:.2f} of {cpus} CPUs{queued}"
+
+
+COLLECTOR = TimingCollector
+ANALYZER = TimingAnalyzer
