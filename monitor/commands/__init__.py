@@ -8,6 +8,10 @@ its docstring is the help text. Errors meant for the user are raised as
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from monitor.windows import WindowSpec
 
 from agent.protocol import parse_budget
 
@@ -43,6 +47,18 @@ def duration_arg(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError("duration must be positive")
     return value
+
+
+def window_arg(text: str) -> WindowSpec:
+    """``--window``: N (the last N seconds, e.g. 90, 15m) or START:END, any slice (see ``dyper export -h``)."""
+    from monitor.windows import WindowSpec, parse_seconds
+
+    try:
+        if ":" in text:
+            return WindowSpec.parse(text)
+        return WindowSpec.last(parse_seconds(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_monitor_argument(parser: argparse.ArgumentParser, what: str = "") -> None:

@@ -1,12 +1,13 @@
 """Search a profile for bottlenecks by hand, with suggesters, zooming, labels and overlap (BOTTLENECKS).
 
-    dyper bottlenecks SOURCE [--compare BASE] [--metric cpu|wall] [--window S]
+    dyper bottlenecks SOURCE [--compare BASE] [--metric cpu|wall] [--window N|START:END]
     dyper bottlenecks SOURCE -c 'suggest; select 0; label hot' [--json]
 
 A SOURCE (and BASE) is a saved dyper profile (.json), a collapsed-stack file
 (dyper's, py-spy's or Austin's `a;b;c 42` lines, root first), or (a number that
 is not a file) the id of a process a standing monitor knows: its whole run, or
-the last --window seconds. With --compare the search runs on SOURCE minus BASE:
+a --window of it: the last N seconds, or START:END, older parts read from the
+monitor's history (see `dyper export -h`). With --compare the search runs on SOURCE minus BASE:
 what costs more in SOURCE than in BASE.
 
 Without -c, an interactive prompt (type help); with -c the commands, separated
@@ -27,12 +28,13 @@ from typing import Any, Literal
 
 from rich.console import Console
 
-from monitor.commands import CliError, add_monitor_argument, duration_arg
+from monitor.commands import CliError, add_monitor_argument, window_arg
 from monitor.profile import Profile
 from monitor.search.calltree import CallTreeProfile
 from monitor.search.comparative import ComparativeProfile
 from monitor.search.interface import ProfileInterface
 from monitor.search.repl import Result, SearchSession, prompt_loop, render
+from monitor.windows import WindowSpec
 
 NAME = "bottlenecks"
 
@@ -51,7 +53,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--lines", action="store_true", help="one name per line instead of per function")
     parser.add_argument("--libraries", action="store_true", help="charge library time to the calling app line")
-    parser.add_argument("--window", type=duration_arg, help="with a PID: the last N seconds (default whole run)")
+    parser.add_argument(
+        "--window",
+        type=window_arg,
+        help="with a PID: the last N seconds (e.g. 90, 15m), or START:END, any slice its monitor kept "
+        "(see dyper export -h)",
+    )
     add_monitor_argument(parser, ", for PIDs")
 
 
@@ -75,7 +82,7 @@ class Source:
         )
 
 
-def read_source(text: str, *, monitor: str, window: float | None = None, lines: bool = False) -> Source:
+def read_source(text: str, *, monitor: str, window: WindowSpec | None = None, lines: bool = False) -> Source:
     """A file (dyper JSON or collapsed, told apart by content) or a PID asked of the standing monitor.
 
     Raises :class:`CliError` with a one-line message.
@@ -109,8 +116,8 @@ def read_source(text: str, *, monitor: str, window: float | None = None, lines: 
         from monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
 
         call_args: dict[str, Any] = {"pid": int(text)}
-        if window:
-            call_args["window_s"] = window
+        if window is not None:
+            call_args["window"] = window.to_json()
         try:
             with MonitorClient(monitor, timeout=10.0) as client:
                 data = client.call("profile", **call_args)

@@ -41,7 +41,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
-from monitor.commands import CliError, add_monitor_argument, duration_arg
+from monitor.commands import CliError, add_monitor_argument, window_arg
 from monitor.commands.bottlenecks import read_source
 from monitor.consolidate import parse_threshold
 from monitor.search.diagnose import DESCRIPTIONS, Diagnosis, diagnose, diagnose_tree
@@ -70,7 +70,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the bottlenecks and the search history as JSON")
     parser.add_argument("--libraries", action="store_true", help="charge library time to the calling app line")
-    parser.add_argument("--window", type=duration_arg, help="with a PID: the last N seconds (default whole run)")
+    parser.add_argument(
+        "--window",
+        type=window_arg,
+        help="with a PID: the last N seconds (e.g. 90, 15m), or START:END, any slice its monitor kept "
+        "(see dyper export -h)",
+    )
     parser.add_argument(
         "--detail-wait",
         type=float,

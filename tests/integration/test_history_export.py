@@ -1,6 +1,7 @@
 """History and exports end to end: a real `dyper monitor` keeping its history in SQLite, real agents,
 the monitor killed and restarted on the same file, and `dyper export` of live and old windows through it."""
 
+import json
 import time
 from collections import Counter
 
@@ -75,6 +76,17 @@ def test_a_killed_monitor_restarted_on_its_history_still_answers_for_old_session
         assert f"pid {gone.pid}, from the start to {half:g}s after the first report" in proc.stderr
         _, _, samples = _read_pprof(out.read_bytes())
         assert sum(v["cpu_samples"] for _, _, v in samples) == sum(stacks(first).values())
+        # The bottleneck search and the diagnosis over the same old slice, from disk.
+        proc = dyper(
+            "bottlenecks", str(gone.pid), "--monitor", mon.endpoint, "--window", f":+{half}",
+            "-c", "suggest", "--json",
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        (suggested,) = json.loads(proc.stdout)
+        assert suggested["ok"] and suggested["total"] == sum(stacks(first).values()), suggested
+        proc = dyper("diagnose", str(gone.pid), "--monitor", mon.endpoint, "--window", f":+{half}", "--json")
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["bottlenecks"], proc.stdout
         page = tmp_path / "live.html"
         proc = dyper("export", str(live.pid), "--monitor", mon.endpoint, "--last", "30s", "-o", str(page))
         assert proc.returncode == 0, proc.stderr
