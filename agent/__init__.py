@@ -75,7 +75,8 @@ def start(
     ``ceiling`` caps every later budget change. ``proflets`` names the
     proflets whose collectors run (default: the built-ins; a
     :class:`agent.proflet.Collector` instance may stand for a name), then
-    ``$DYPER_PROFLETS`` (comma-separated; empty for sampling only).
+    ``$DYPER_PROFLETS`` (comma-separated; empty for sampling only; ``all``
+    for every registered proflet).
     Thread-safe and idempotent.
     """
     global _agent
@@ -93,7 +94,11 @@ def start(
         if proflets is None and "DYPER_PROFLETS" in os.environ:
             # e.g. DYPER_PROFLETS="" for sampling only, "cpu" for the cpu proflet's detailing
             proflets = tuple(p for p in os.environ["DYPER_PROFLETS"].replace(" ", "").split(",") if p)
-        kwargs: dict[str, Any] = {} if proflets is None else {"proflets": tuple(proflets)}
+        kwargs: dict[str, Any] = {}
+        if proflets == ("all",):
+            kwargs["proflets"] = None  # every registered proflet
+        elif proflets is not None:
+            kwargs["proflets"] = tuple(proflets)
         new = Agent(endpoint, fraction, attach_token=attach_token, ceiling=cap, on_exit=_on_exit, **kwargs)
         _agent = new
         _install_fork_handler()

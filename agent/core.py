@@ -94,13 +94,15 @@ BURST_TICK_S: Final = 0.02
 BURST_TICK_MAX_S: Final = 0.25
 #: ... and while requests wait for money, this often to start what has become affordable.
 DETAIL_TICK_S: Final = 0.1
-#: Proflets whose collectors run by default: every one registered (see
-#: :mod:`proflets`). On 3.11 the cpu proflet can only detail through yappi,
-#: which hooks every call of every function; its slowdown of a call-heavy
-#: service measured up to 8 times what its per-call calibration charges
-#: (bench/overhead.py, service at 25%), so there its detailing runs only
-#: when named (DYPER_PROFLETS=cpu,... or proflets=("cpu", ...)).
-DEFAULT_PROFLETS: Final = None
+#: Proflets whose collectors run by default: cpu detailing (3.12+). The
+#: others are named (DYPER_PROFLETS=cpu,threads,timing, ``proflets=(...)``,
+#: or "all" for every registered one, :mod:`proflets`): with threads and
+#: timing on by default, short runs at low budgets sampled too little in CI,
+#: which is not yet understood. On 3.11 the cpu proflet can only detail
+#: through yappi, which hooks every call of every function; its slowdown of
+#: a call-heavy service measured up to 8 times what its per-call calibration
+#: charges (bench/overhead.py, service at 25%), so there it runs only when named.
+DEFAULT_PROFLETS: Final = ("cpu",) if sys.version_info >= (3, 12) else ()
 #: Slots of the active-threads histogram (the last takes that many or more).
 ACTIVITY_SLOTS: Final = 65
 

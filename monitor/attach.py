@@ -78,8 +78,10 @@ def _dyper_bootstrap(action, params, result_path):
                                        "start dyper from the program instead (dyper run)")
             mod._added_paths.extend(added)
             added = []
+            names = params.get("proflets")
             agent_id = mod.start(params["monitor"], params["budget"], attach_token=params["token"],
-                                 ceiling=params["ceiling"])
+                                 ceiling=params["ceiling"],
+                                 proflets=tuple(names) if names is not None else None)
             result = {"ok": True, "agent": agent_id, "python": _sys.version.split()[0]}
         elif action == "budget":
             running = mod is not None and getattr(mod, "__dyper__", False) and mod.is_running()
@@ -181,11 +183,22 @@ def _run(pid: int, action: str, params: dict[str, Any], timeout: float) -> tuple
 
 
 def attach(
-    pid: int, monitor: str, budget: float, *, ceiling: float | None = None, timeout: float = DEFAULT_TIMEOUT_S
+    pid: int,
+    monitor: str,
+    budget: float,
+    *,
+    ceiling: float | None = None,
+    proflets: tuple[str, ...] | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
 ) -> Attached:
-    """Start dyper's agent inside process ``pid``, streaming to ``monitor``."""
+    """Start dyper's agent inside process ``pid``, streaming to ``monitor``.
+
+    ``proflets``: the proflets to run (as ``$DYPER_PROFLETS`` names them); None: the agent's default.
+    """
     token = uuid.uuid4().hex
-    params = {"monitor": monitor, "budget": budget, "token": token, "ceiling": ceiling}
+    params: dict[str, Any] = {"monitor": monitor, "budget": budget, "token": token, "ceiling": ceiling}
+    if proflets is not None:
+        params["proflets"] = list(proflets)
     _, result = _run(pid, "start", params, timeout)
     return Attached(pid, str(result["agent"]), str(result.get("python", "")), token)
 

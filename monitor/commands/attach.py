@@ -26,10 +26,22 @@ from monitor.server import Monitor
 NAME = "attach"
 
 
+def _proflets(args: argparse.Namespace) -> tuple[str, ...] | None:
+    if args.proflets is None:
+        return None
+    return tuple(p for p in str(args.proflets).replace(" ", "").split(",") if p)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("pid", type=pid_arg, help="process id of a running CPython 3.11+ process")
     parser.add_argument("--budget", type=budget_arg, default=0.01, help="overhead budget, e.g. 1%% (default 1%%)")
     parser.add_argument("--ceiling", type=budget_arg, help="no later budget change may exceed this")
+    parser.add_argument(
+        "--proflets",
+        metavar="LIST",
+        default=os.environ.get("DYPER_PROFLETS"),
+        help="proflets to run, e.g. cpu,threads,timing or all (default $DYPER_PROFLETS, else the agent's default)",
+    )
     parser.add_argument("--duration", type=duration_arg, help="detach after this many seconds")
     parser.add_argument("--monitor", metavar="ENDPOINT", help="stream to a standing monitor and return")
     parser.add_argument("--window", type=duration_arg, help="live view over the last N seconds only")
@@ -94,7 +106,7 @@ def _attach_to_standing(args: argparse.Namespace, console: Console) -> int:
         except MonitorUnreachable as exc:
             raise CliError(str(exc)) from None
         try:
-            attached = attach(args.pid, args.monitor, args.budget, ceiling=args.ceiling)
+            attached = attach(args.pid, args.monitor, args.budget, ceiling=args.ceiling, proflets=_proflets(args))
         except AttachError as exc:
             raise CliError(str(exc)) from None
         deadline = time.monotonic() + 10

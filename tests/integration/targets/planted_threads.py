@@ -15,6 +15,7 @@ ground truth of its call rate.
 from __future__ import annotations
 
 import argparse
+import os
 import threading
 import time
 
@@ -68,8 +69,10 @@ def paced(rate: float, truth: str | None) -> None:
             time.sleep(delay)
         now = time.monotonic()
         if truth is not None and now >= next_write:
-            with open(truth, "w") as f:
+            # Replaced whole, so a reader never sees it half written.
+            with open(truth + ".tmp", "w") as f:
                 f.write(f"{calls} {now - start}\n")
+            os.replace(truth + ".tmp", truth)
             next_write = now + 0.5
 
 
