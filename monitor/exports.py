@@ -289,7 +289,7 @@ class FlameGraphHtml(Exporter):
                 child[2] += n
                 node = child
             node[1] += n
-        floor = _prune_floor(root, self.max_nodes)
+        floor = prune_floor(root, self.max_nodes)
         proc = profile.process
         argv = " ".join(proc.get("argv") or []) or "python"
         window = (proc.get("window") or {}).get("description") or (
@@ -318,7 +318,7 @@ class FlameGraphHtml(Exporter):
         return fid
 
 
-def _prune_floor(root: list[Any], max_nodes: int) -> int:
+def prune_floor(root: list[Any], max_nodes: int) -> int:
     """The smallest total a node needs to be kept so that at most ``max_nodes`` are (0: keep all)."""
     totals: list[int] = []
     stack = [root]

@@ -158,6 +158,58 @@ def _schedstat(native_id: int) -> tuple[int, int, int, int] | None:
         return None
 
 
+def _read_clocks(skip: int) -> dict[int, tuple[int, float]]:
+    clocks = {}
+    for ident, native in _native_ids(skip).items():
+        cpu = thread_cpu_s(native)
+        if cpu is not None:
+            clocks[ident] = (native, cpu)
+    return clocks
+
+
+class ThreadClocks:
+    """Each thread's CPU seconds since profiling began, read from its CPU clock.
+
+    A thread already running when profiling began counts from then; one
+    started later, all of its own. Cumulative, so a report that never
+    arrives loses nothing.
+    """
+
+    def __init__(self, skip: int) -> None:
+        self._baseline = {ident: cpu for ident, (_, cpu) in _read_clocks(skip).items()}
+
+    def read(self, skip: int) -> dict[int, tuple[int, float]]:
+        """Python ident -> (kernel thread id, CPU seconds since profiling began)."""
+        return {
+            ident: (native, cpu - self._baseline.get(ident, 0.0)) for ident, (native, cpu) in _read_clocks(skip).items()
+        }
+
+
+class SchedCounters:
+    """The kernel's scheduling counters of every thread over a burst (see _schedstat)."""
+
+    def __init__(self) -> None:
+        self._natives: dict[int, int] = {}
+        self._start: dict[int, tuple[int, int, int, int]] = {}
+        self._started = 0.0
+
+    def start(self, skip: int) -> None:
+        self._natives = _native_ids(skip)
+        self._start = {ident: stat for ident, native in self._natives.items() if (stat := _schedstat(native))}
+        self._started = time.perf_counter()
+
+    def stop(self) -> tuple[float, dict[int, tuple[int, ...]]]:
+        """(burst length in seconds, ident -> the four counters' growth over it)."""
+        length = time.perf_counter() - self._started
+        grown = {}
+        for ident, before in self._start.items():
+            after = _schedstat(self._natives[ident])
+            if after is not None:
+                grown[ident] = tuple(a - b for a, b in zip(after, before, strict=True))
+        self._start = {}
+        return length, grown
+
+
 class ThreadsCollector(Collector):
     name = "threads"
     # A burst reads two small /proc files per thread at its start and end.
@@ -170,15 +222,9 @@ class ThreadsCollector(Collector):
     DETAILS = True
 
     def __init__(self) -> None:
-        self._start: dict[int, tuple[int, int, int, int]] = {}
-        self._natives: dict[int, int] = {}
-        self._started = 0.0
         self._me = threading.get_ident()  # built on the sampler thread
-        #: CPU clocks of the threads already running when profiling began:
-        #: reported CPU time counts from here (a thread started later counts all of its own)
-        self._baseline = {
-            ident: cpu for ident, native in _native_ids(self._me).items() if (cpu := thread_cpu_s(native)) is not None
-        }
+        self._clocks = ThreadClocks(self._me)
+        self._sched = SchedCounters()
 
     def unavailable(self) -> str | None:
         if not sys.platform.startswith("linux"):
@@ -186,13 +232,7 @@ class ThreadsCollector(Collector):
         return None
 
     def report(self, ctx: ReportContext) -> dict[str, Any] | None:
-        self._me = ctx.agent_ident
-        threads = []
-        for ident, native in _native_ids(ctx.agent_ident).items():
-            cpu = thread_cpu_s(native)
-            if cpu is not None:
-                # Cumulative, so a report that never arrives loses nothing.
-                threads.append([ident, native, cpu - self._baseline.get(ident, 0.0)])
+        threads = [[ident, native, cpu] for ident, (native, cpu) in self._clocks.read(self._me).items()]
         out: dict[str, Any] = {"threads": threads}
         lock_leaves = {tid for (tid, stack), _ in ctx.counts.items() if stack and ctx.loc_flags(stack[0]) & LOC_LOCK}
         if lock_leaves:
@@ -218,25 +258,12 @@ class ThreadsCollector(Collector):
         return pairs
 
     def start_detail(self, ctx: DetailContext) -> None:
-        self._natives = _native_ids(self._me)
-        self._start = {}
-        for ident, native in self._natives.items():
-            stat = _schedstat(native)
-            if stat is not None:
-                self._start[ident] = stat
-        self._started = time.perf_counter()
+        self._sched.start(self._me)
 
     def stop_detail(self) -> dict[str, Any]:
-        length = time.perf_counter() - self._started
-        rows = []
-        for ident, before in self._start.items():
-            native = self._natives.get(ident)
-            after = _schedstat(native) if native is not None else None
-            if after is None:
-                continue
-            rows.append([ident, *(a - b for a, b in zip(after, before, strict=True))])
-        self._start = {}
+        length, grown = self._sched.stop()
         # [ident, ns on CPU, ns waiting for a CPU, voluntary switches, involuntary switches]
+        rows = [[ident, *counters] for ident, counters in grown.items()]
         return {"length_s": length, "slowdown_s": 0.0, "threads": rows}
 
 

@@ -23,13 +23,12 @@ from __future__ import annotations
 import math
 import os
 import threading
-import time
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from agent.proflet import Collector, DetailContext, ReportContext
 from proflets.base import Analyzer, ReportView, Status, confidence_of
-from proflets.threads import _native_ids, _schedstat, thread_cpu_s
+from proflets.threads import SchedCounters, ThreadClocks
 
 
 def _cpus() -> int:
@@ -51,40 +50,20 @@ class TimingCollector(Collector):
 
     def __init__(self) -> None:
         self._me = threading.get_ident()  # built on the sampler thread
-        self._baseline = {
-            ident: cpu for ident, native in _native_ids(self._me).items() if (cpu := thread_cpu_s(native)) is not None
-        }
-        self._start: dict[int, int] = {}
-        self._started = 0.0
+        self._clocks = ThreadClocks(self._me)
+        self._sched = SchedCounters()
 
     def report(self, ctx: ReportContext) -> dict[str, Any] | None:
-        threads = []
-        for ident, native in _native_ids(ctx.agent_ident).items():
-            cpu = thread_cpu_s(native)
-            if cpu is not None:
-                threads.append([ident, cpu - self._baseline.get(ident, 0.0)])
+        threads = [[ident, cpu] for ident, (_, cpu) in self._clocks.read(self._me).items()]
         return {"activity": list(ctx.activity), "threads": threads, "cpus": _cpus()}
 
     def start_detail(self, ctx: DetailContext) -> None:
-        self._natives = _native_ids(self._me)
-        self._start = {}
-        for ident, native in self._natives.items():
-            stat = _schedstat(native)
-            if stat is not None:
-                self._start[ident] = stat[1]
-        self._started = time.perf_counter()
+        self._sched.start(self._me)
 
     def stop_detail(self) -> dict[str, Any]:
-        length = time.perf_counter() - self._started
-        waited = {}
-        for ident, before in self._start.items():
-            native = self._natives.get(ident)
-            stat = _schedstat(native) if native is not None else None
-            if stat is not None:
-                waited[ident] = stat[1] - before
-        self._start = {}
+        length, grown = self._sched.stop()
         # ns each thread was runnable but had no processor, over the burst
-        return {"length_s": length, "slowdown_s": 0.0, "runqueue_ns": [[k, v] for k, v in waited.items()]}
+        return {"length_s": length, "slowdown_s": 0.0, "runqueue_ns": [[k, c[1]] for k, c in grown.items()]}
 
 
 class TimingAnalyzer(Analyzer):

@@ -21,6 +21,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from monitor.exports import prune_floor
 from monitor.profile import DEFAULT_FLOOR_PCT, Metric, Profile
 from monitor.search.repl import short_name
 from monitor.session import Session
@@ -317,7 +318,7 @@ def flame_data(
     add(profile, 2)
     if base is not None:
         add(base, 4)
-    floor = _floor(root, MAX_FLAME_NODES)
+    floor = prune_floor(root, MAX_FLAME_NODES)
     proc = profile.process
     window = (proc.get("window") or {}).get("description") or "whole run"
     out: dict[str, Any] = {
@@ -339,20 +340,6 @@ def _fid(frames: list[list[Any]], ids: dict[tuple[Any, ...], int], key: tuple[An
         fid = ids[key] = len(frames)
         frames.append(row)
     return fid
-
-
-def _floor(root: list[Any], max_nodes: int) -> int:
-    """The least total a node needs to be sent so that at most ``max_nodes`` are (0: all)."""
-    totals: list[int] = []
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        totals.append(node[2])
-        stack.extend(node[3].values())
-    if len(totals) <= max_nodes:
-        return 0
-    totals.sort(reverse=True)
-    return int(totals[max_nodes - 1]) + 1
 
 
 def _nested(root: list[Any], floor: int, with_base: bool) -> list[Any]:
