@@ -50,7 +50,7 @@ def spin() -> None:
 
 def paced_call(x: int) -> int:
     # Some work, so the samples see it and cpu detailing picks it as a candidate.
-    for i in range(3000):
+    for i in range(10000):
         x += i & 7
     return x
 
