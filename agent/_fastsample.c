@@ -876,15 +876,51 @@ done:
  * recorded (new_loc raised, no memory): the samples before it stay counted.
  * Leaves `s` to the caller, who must clear it. */
 /* Optional: how many threads were active in each sample. A thread is active
- * unless its leaf location is marked in `waiting` (one byte per location id,
- * nonzero: the leaf is a call that waits; the agent marks them as it learns
- * them). hist[k] counts the samples with k active threads (the last slot
- * takes k and more). Threads without Python frames are not counted. */
+ * unless its leaf location is marked in `waiting` (one byte per location id:
+ * 0 undecided, 1 runs, 2 waits; the agent decides them as it learns them).
+ * hist[k] counts the samples with k active threads (the last slot takes k
+ * and more). Threads without Python frames are not counted. */
 typedef struct {
     const unsigned char *waiting;
     Py_ssize_t nwaiting;
     PyObject *hist;   /* a list of ints, or NULL: no histogram */
+    PyObject *pending;   /* a list: samples with an undecided leaf go here */
 } activity;
+
+/* The bytes of `waiting`: a leaf not yet decided (0, or past the end) makes
+ * its sample pending, since counting it either way would be a guess (the
+ * first samples of a run are all new leaves). */
+#define LEAF_UNDECIDED 0
+#define LEAF_WAITS 2
+
+/* One sample's end: into the histogram, or, if a leaf is undecided, its
+ * leaves as a tuple into `pending` for the agent to count once it has
+ * decided them. */
+static int activity_add(const activity *act, Py_ssize_t active);
+
+static int
+activity_end_sample(const activity *act, Py_ssize_t active, int undecided,
+                    const Py_ssize_t *leaves, Py_ssize_t nleaves)
+{
+    if (!undecided) {
+        return activity_add(act, active);
+    }
+    PyObject *t = PyTuple_New(nleaves);
+    if (t == NULL) {
+        return -1;
+    }
+    for (Py_ssize_t j = 0; j < nleaves; j++) {
+        PyObject *v = PyLong_FromSsize_t(leaves[j]);
+        if (v == NULL) {
+            Py_DECREF(t);
+            return -1;
+        }
+        PyTuple_SET_ITEM(t, j, v);
+    }
+    int rc = PyList_Append(act->pending, t);
+    Py_DECREF(t);
+    return rc;
+}
 
 static int
 activity_add(const activity *act, Py_ssize_t active)
@@ -915,24 +951,29 @@ record_snapshot(module_state *state, PyObject *counts, PyObject *locs, PyObject 
                 const snapshot *s, const activity *act)
 {
     int rc = -1;
-    Py_ssize_t active = 0;
-    int in_sample = 0;
+    Py_ssize_t active = 0, nleaves = 0;
+    int in_sample = 0, undecided = 0;
+    Py_ssize_t *leaves = NULL;
     PyObject **buf = NULL;
     memo_entry *memo_next = NULL;
     Py_ssize_t nmemo_next = 0;
     if (s->nthreads > 0) {
         buf = PyMem_New(PyObject *, (size_t)s->max_depth);
-        if (buf == NULL) {
+        leaves = PyMem_New(Py_ssize_t, (size_t)s->nthreads);
+        if (buf == NULL || leaves == NULL) {
             PyErr_NoMemory();
             goto done;
         }
     }
     for (Py_ssize_t i = 0; i < s->nthreads; i++) {
         if (s->threads[i].pos == 0) {
-            if (act != NULL && in_sample && activity_add(act, active) < 0) {
+            if (act != NULL && in_sample
+                    && activity_end_sample(act, active, undecided, leaves, nleaves) < 0) {
                 goto done;
             }
             active = 0;
+            nleaves = 0;
+            undecided = 0;
             in_sample = 1;
             /* A new sample: the previous one's keys become the memo. */
             if (memo_next != NULL) {
@@ -959,18 +1000,25 @@ record_snapshot(module_state *state, PyObject *counts, PyObject *locs, PyObject 
                           &memo_next[s->threads[i].pos], &leaf) < 0) {
             goto done;
         }
-        if (act != NULL && leaf >= 0 && s->threads[i].depth > 0
-                && (leaf >= act->nwaiting || act->waiting[leaf] == 0)) {
-            active++;
+        if (act != NULL && leaf >= 0 && s->threads[i].depth > 0) {
+            leaves[nleaves++] = leaf;
+            if (leaf >= act->nwaiting || act->waiting[leaf] == LEAF_UNDECIDED) {
+                undecided = 1;
+            }
+            else if (act->waiting[leaf] != LEAF_WAITS) {
+                active++;
+            }
         }
     }
-    if (act != NULL && in_sample && activity_add(act, active) < 0) {
+    if (act != NULL && in_sample
+            && activity_end_sample(act, active, undecided, leaves, nleaves) < 0) {
         goto done;
     }
     rc = 0;
 
 done:
     PyMem_Free(buf);
+    PyMem_Free(leaves);
     if (memo_next != NULL) {
         /* Can run code (old keys go): keep a pending exception across it. */
         PyObject *type, *value, *tb;
@@ -998,11 +1046,15 @@ record_and_clear(module_state *state, PyObject *counts, PyObject *locs, PyObject
 }
 
 
-/* The optional (waiting, hist) arguments of sample() and ticker_drain().
+/* The optional (waiting, hist, pending) arguments of sample() and ticker_drain().
  * On success `view` holds the buffer (release with activity_release). */
 static int
-activity_parse(PyObject *waiting, PyObject *hist, activity *act, Py_buffer *view)
+activity_parse(PyObject *waiting, PyObject *hist, PyObject *pending, activity *act, Py_buffer *view)
 {
+    if (!PyList_CheckExact(pending)) {
+        PyErr_Format(PyExc_TypeError, "pending must be a list, not %.100s", Py_TYPE(pending)->tp_name);
+        return -1;
+    }
     if (!PyList_CheckExact(hist)) {
         PyErr_Format(PyExc_TypeError, "hist must be a list, not %.100s", Py_TYPE(hist)->tp_name);
         return -1;
@@ -1019,6 +1071,7 @@ activity_parse(PyObject *waiting, PyObject *hist, activity *act, Py_buffer *view
     act->waiting = (const unsigned char *)view->buf;
     act->nwaiting = view->len;
     act->hist = hist;
+    act->pending = pending;
     return 0;
 }
 
@@ -1027,7 +1080,7 @@ activity_parse(PyObject *waiting, PyObject *hist, activity *act, Py_buffer *view
  * ------------------------------------------------------------------------ */
 
 PyDoc_STRVAR(sample_doc,
-"sample(counts, locs, new_loc, skip_ident, [waiting, hist,] /) -> None\n"
+"sample(counts, locs, new_loc, skip_ident, [waiting, hist, pending,] /) -> None\n"
 "\n"
 "Record one snapshot of every thread's Python stack, exactly as\n"
 "agent.core.Agent._sample_python does, without creating frame objects.\n"
@@ -1038,17 +1091,19 @@ PyDoc_STRVAR(sample_doc,
 "    location is missing or None; its result is used as the location.\n"
 "    Exceptions propagate; threads already recorded stay counted.\n"
 "skip_ident: thread ident to leave out (the sampler's own), or None.\n"
-"waiting, hist: optional; waiting is a bytes-like object with one byte per\n"
-"    location id (nonzero: a leaf there is waiting, not active), and\n"
-"    hist[k] += 1 for a sample with k active threads (the last slot takes\n"
-"    k and more).");
+"waiting, hist, pending: optional; waiting is a bytes-like object with one\n"
+"    byte per location id (0 or past its end: undecided, 2: a leaf there is\n"
+"    waiting, anything else: active), and hist[k] += 1 for a sample with k\n"
+"    active threads (the last slot takes k and more). A sample with an\n"
+"    undecided leaf is appended to the list pending instead, as the tuple\n"
+"    of its threads' leaf locations.");
 
 static PyObject *
 fastsample_sample(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 4 && nargs != 6) {
+    if (nargs != 4 && nargs != 7) {
         PyErr_Format(PyExc_TypeError,
-                     "sample() takes 4 or 6 arguments (%zd given)", nargs);
+                     "sample() takes 4 or 7 arguments (%zd given)", nargs);
         return NULL;
     }
     PyObject *counts = args[0], *locs = args[1], *new_loc = args[2], *skip_obj = args[3];
@@ -1091,7 +1146,7 @@ fastsample_sample(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
     activity act;
     Py_buffer view = {0};
-    if (nargs == 6 && activity_parse(args[4], args[5], &act, &view) < 0) {
+    if (nargs == 7 && activity_parse(args[4], args[5], args[6], &act, &view) < 0) {
         return NULL;
     }
 
@@ -1104,13 +1159,13 @@ fastsample_sample(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     /* Phase 2 */
     if (taken < 0) {
         snapshot_clear(&s);
-        if (nargs == 6) {
+        if (nargs == 7) {
             PyBuffer_Release(&view);
         }
         return PyErr_NoMemory();
     }
-    int rc = record_and_clear(state, counts, locs, new_loc, &s, nargs == 6 ? &act : NULL);
-    if (nargs == 6) {
+    int rc = record_and_clear(state, counts, locs, new_loc, &s, nargs == 7 ? &act : NULL);
+    if (nargs == 7) {
         PyBuffer_Release(&view);
     }
     if (rc < 0) {
@@ -1732,16 +1787,16 @@ fastsample_ticker_set(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 }
 
 PyDoc_STRVAR(ticker_drain_doc,
-"ticker_drain(counts, locs, new_loc, [waiting, hist,] /) -> int\n"
+"ticker_drain(counts, locs, new_loc, [waiting, hist, pending,] /) -> int\n"
 "\n"
 "Phase 2 for every queued snapshot, as sample() does for one (waiting and\n"
-"hist as there); returns the number of samples drained.");
+"hist and pending as there); returns the number of samples drained.");
 
 static PyObject *
 fastsample_ticker_drain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 3 && nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "ticker_drain() takes 3 or 5 arguments");
+    if (nargs != 3 && nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "ticker_drain() takes 3 or 6 arguments");
         return NULL;
     }
     PyObject *counts = args[0], *locs = args[1], *new_loc = args[2];
@@ -1755,7 +1810,7 @@ fastsample_ticker_drain(PyObject *module, PyObject *const *args, Py_ssize_t narg
     }
     activity act;
     Py_buffer view = {0};
-    if (nargs == 5 && activity_parse(args[3], args[4], &act, &view) < 0) {
+    if (nargs == 6 && activity_parse(args[3], args[4], args[5], &act, &view) < 0) {
         return NULL;
     }
     /* Detach the queue first: phase 2 may run Python code, and with it
@@ -1763,8 +1818,8 @@ fastsample_ticker_drain(PyObject *module, PyObject *const *args, Py_ssize_t narg
     snapshot s = ticker.queue;
     memset(&ticker.queue, 0, sizeof(ticker.queue));
     Py_ssize_t n = s.nsamples;
-    int rc = record_and_clear(state, counts, locs, new_loc, &s, nargs == 5 ? &act : NULL);
-    if (nargs == 5) {
+    int rc = record_and_clear(state, counts, locs, new_loc, &s, nargs == 6 ? &act : NULL);
+    if (nargs == 6) {
         PyBuffer_Release(&view);
     }
     if (rc < 0) {

@@ -36,7 +36,7 @@ from agent import protocol
 from agent.budget import Guard, Plan, ProfletCosts, cost, plan
 from agent.proflet import Collector, DetailContext, ReportContext
 from agent.schedule import BurstCost, DetailScheduler, calibrate, fit_interval
-from agent.tables import Tables
+from agent.tables import UNDECIDED, WAITS, Tables
 
 _fast: Any
 try:  # the optional C walker (agent/_fastsample.c); the pure-Python one is the reference
@@ -256,6 +256,9 @@ class Agent:
         self._on_report: list[Collector] = []
         #: active threads per sample, cumulative (see ReportContext.activity); None: nobody asked
         self._activity: list[int] | None = None
+        #: samples whose leaves were not all decided when taken (leaf tuples):
+        #: counted into _activity once flag_leaves has decided them
+        self._pending: list[tuple[int, ...]] = []
         #: CPU seconds of one-time start-up work on the sampler thread (loading the proflets)
         self.startup_s = 0.0
         #: calibrated costs per detailing proflet (the collectors that detail)
@@ -580,7 +583,12 @@ class Agent:
                 n = _fast.ticker_drain(self.counts, self.tables.locs, self.tables.new_loc)
             else:
                 n = _fast.ticker_drain(
-                    self.counts, self.tables.locs, self.tables.new_loc, self.tables.waiting, self._activity
+                    self.counts,
+                    self.tables.locs,
+                    self.tables.new_loc,
+                    self.tables.waiting,
+                    self._activity,
+                    self._pending,
                 )
             self._after_samples(n)
         else:
@@ -803,7 +811,13 @@ class Agent:
                 _fast.sample(self.counts, self.tables.locs, self.tables.new_loc, self._ident)
             else:
                 _fast.sample(
-                    self.counts, self.tables.locs, self.tables.new_loc, self._ident, self.tables.waiting, self._activity
+                    self.counts,
+                    self.tables.locs,
+                    self.tables.new_loc,
+                    self._ident,
+                    self.tables.waiting,
+                    self._activity,
+                    self._pending,
                 )
         else:
             self._sample_python()
@@ -811,10 +825,8 @@ class Agent:
 
     def _after_samples(self, n: int) -> None:
         self.samples_in_window += n
-        if self._activity is not None and self.tables.unflagged:
-            # New leaves: learn at once which of them wait, so the activity
-            # count of the next samples knows (once per new location, not per sample).
-            self.tables.flag_leaves({stack[0] for _, stack in self.counts if stack})
+        if self._pending:
+            self._count_pending()
         for collector in self._on_sampled:
             try:
                 collector.sampled(n, self.counts)
@@ -828,6 +840,25 @@ class Agent:
         if self.tables.full():
             self._restart_tables()
 
+    def _count_pending(self) -> None:
+        """Decide the new leaves of pending samples, then count those samples' active threads.
+
+        Once per new leaf location, so after the first samples of a run
+        nothing is pending; counting a new leaf as either running or waiting
+        before deciding it would skew the histogram (a run's first drain can
+        hold a second of samples).
+        """
+        activity = self._activity
+        pending, self._pending = self._pending, []
+        if activity is None:
+            return
+        tables = self.tables
+        tables.flag_leaves({loc for leaves in pending for loc in leaves})
+        top = len(activity) - 1
+        for leaves in pending:
+            active = sum(1 for loc in leaves if not tables.waits(loc))
+            activity[min(active, top)] += 1
+
     def _sample_python(self) -> None:
         locs = self.tables.locs
         new_loc = self.tables.new_loc
@@ -835,7 +866,7 @@ class Agent:
         me = self._ident
         activity = self._activity
         waiting = self.tables.waiting
-        active = 0
+        leaves: list[int] = []
         for tid, frame in sys._current_frames().items():
             if tid == me:
                 continue
@@ -854,15 +885,24 @@ class Agent:
                 f = f.f_back
             k = (tid, tuple(stack))
             counts[k] = counts.get(k, 0) + 1
-            if activity is not None and stack and (stack[0] >= len(waiting) or not waiting[stack[0]]):
-                active += 1
-        if activity is not None:
+            if stack:
+                leaves.append(stack[0])
+        if activity is None:
+            return
+        # As the C walker does (agent._fastsample.sample): a sample with an
+        # undecided leaf waits in _pending.
+        n = len(waiting)
+        if any(loc >= n or waiting[loc] == UNDECIDED for loc in leaves):
+            self._pending.append(tuple(leaves))
+        else:
+            active = sum(1 for loc in leaves if waiting[loc] != WAITS)
             activity[min(active, len(activity) - 1)] += 1
 
     def _restart_tables(self) -> None:
         self.dropped["samples"] += sum(self.counts.values())
         self.counts.clear()
         self._heat.clear()  # its keys are location ids of the old epoch
+        self._pending.clear()  # so are these
         self.tables.restart()
 
     # --- reports and messages ------------------------------------------------------
@@ -919,7 +959,7 @@ class Agent:
             self._cool()
             self._details_done = []
             self.seq += 1
-            self.tables.mark_sent(self.tables.sent_strings + len(strings), self.tables.sent_locs + len(locs))
+            self.tables.mark_sent()
             self.counts.clear()
             self.samples_in_window = 0
             self._window_start = now

@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import dis
 import os
+from collections.abc import Iterable
 from types import CodeType
 from typing import Final
 
@@ -168,6 +169,12 @@ def _opname_at(code: CodeType, lasti: int) -> str | None:
         return None
 
 
+#: bytes of Tables.waiting (the C walker reads them too)
+UNDECIDED: Final = 0
+RUNS: Final = 1
+WAITS: Final = 2
+
+
 class Tables:
     """String and location tables with a record of what the monitor already has."""
 
@@ -184,11 +191,15 @@ class Tables:
         # Strong references so that id(code) is never reused by a new object
         # while it is a key above.
         self._codes: list[CodeType] = []
-        #: new locations whose blocking flag is still to be decided
-        self._unflagged: list[tuple[int, CodeType, int]] = []
-        #: one byte per location id, 1 where a leaf waits: the C walker's
-        #: activity count reads it (see agent._fastsample.sample)
+        #: each location's instruction offset, to decide its flag when it is first a leaf
+        self._lasti: list[int] = []
+        #: one byte per location id: UNDECIDED until the location is first
+        #: seen as a leaf, then RUNS or WAITS. The C walker's activity count
+        #: reads it (see agent._fastsample.sample).
         self.waiting = bytearray()
+        #: rows already sent whose flags changed since (sent again)
+        self._reflagged: list[list[int]] = []
+        self._upto = (0, 0, 0)
         self.sent_strings = 0
         self.sent_locs = 0
 
@@ -220,37 +231,48 @@ class Tables:
                 LOC_AGENT if code.co_filename.startswith(_OWN_DIRS) else 0,
             ]
         )
-        self._unflagged.append((loc, code, lasti))
+        self._lasti.append(lasti)
         return loc
 
     def code_of(self, loc: int) -> CodeType:
         """The code object of a location (locations are numbered in the order they were interned)."""
         return self._codes[loc]
 
-    def flag_leaves(self, leaves: set[int]) -> None:
-        """Set the blocking flag of new locations that were seen as a stack's leaf.
+    def flag_leaves(self, leaves: Iterable[int]) -> None:
+        """Decide the blocking flag of locations seen as a stack's leaf, once each.
 
         Only a leaf's instruction tells what the thread is doing; an inner
         frame is by definition calling Python. Decoding bytecode is the
-        costly part of interning, so it is done here, at report time, for
-        the few leaves rather than for every new frame during a sample.
+        costly part of interning, so it is done here, off the sampling path,
+        for the few leaves rather than for every new frame. A location first
+        seen inside a stack and later as a leaf is decided then; if the
+        monitor already has its row, the row is sent again with its flags.
         """
         rows = self.loc_rows
         waiting = self.waiting
         if len(waiting) < len(rows):
             waiting.extend(bytes(len(rows) - len(waiting)))
-        for loc, code, lasti in self._unflagged:
-            if loc in leaves:
-                kind = wait_kind(code, lasti)
-                if kind:
-                    rows[loc][5] |= LOC_BLOCKING | kind
-                    waiting[loc] = 1
-        self._unflagged.clear()
+        for loc in leaves:
+            if waiting[loc] != UNDECIDED:
+                continue
+            kind = wait_kind(self._codes[loc], self._lasti[loc])
+            if kind:
+                rows[loc][5] |= LOC_BLOCKING | kind
+                waiting[loc] = WAITS
+                if loc < self.sent_locs:
+                    self._reflagged.append(rows[loc])
+            else:
+                waiting[loc] = RUNS
 
-    @property
-    def unflagged(self) -> bool:
-        """Locations are waiting for :meth:`flag_leaves`."""
-        return bool(self._unflagged)
+    def undecided(self, leaves: Iterable[int]) -> bool:
+        """Some of ``leaves`` still wait for :meth:`flag_leaves`."""
+        waiting = self.waiting
+        n = len(waiting)
+        return any(loc >= n or waiting[loc] == UNDECIDED for loc in leaves)
+
+    def waits(self, loc: int) -> bool:
+        """A decided leaf location that waits (see :meth:`flag_leaves`)."""
+        return loc < len(self.waiting) and self.waiting[loc] == WAITS
 
     def full(self) -> bool:
         return len(self.loc_rows) >= MAX_LOCATIONS
@@ -261,13 +283,20 @@ class Tables:
         self._reset()
 
     def unsent(self) -> tuple[list[list[int | str]], list[list[int]]]:
-        return self.string_rows[self.sent_strings :], self.loc_rows[self.sent_locs :]
+        """Rows the monitor does not have yet: new ones, and sent ones whose flags changed.
 
-    def mark_sent(self, n_strings: int, n_locs: int) -> None:
-        self.sent_strings = n_strings
-        self.sent_locs = n_locs
+        :meth:`mark_sent` then records exactly these as delivered.
+        """
+        self._upto = (len(self.string_rows), len(self.loc_rows), len(self._reflagged))
+        return self.string_rows[self.sent_strings :], self._reflagged + self.loc_rows[self.sent_locs :]
+
+    def mark_sent(self) -> None:
+        """The rows the last :meth:`unsent` returned reached the monitor."""
+        self.sent_strings, self.sent_locs, n_reflagged = self._upto
+        del self._reflagged[:n_reflagged]
 
     def resend_all(self) -> None:
         """The monitor lost our tables (it restarted): send them again in full."""
         self.sent_strings = 0
         self.sent_locs = 0
+        self._reflagged = []

@@ -386,25 +386,31 @@ def test_activity_histogram_matches_the_reference(parked: Parked) -> None:
         tables = Tables()
         me = threading.get_ident()
         counts: Counts = {}
-        # First sample: nothing is known to wait yet, every thread with Python frames is active.
+        # First sample: no leaf is decided yet, so the sample waits in pending
+        # (its threads' leaves) rather than guessing.
         first = [0] * 8
-        _fastsample.sample(counts, tables.locs, tables.new_loc, me, tables.waiting, first)
-        assert sum(first) == 1
-        tables.flag_leaves({stack[0] for _, stack in counts if stack})
+        pending: list[tuple[int, ...]] = []
+        _fastsample.sample(counts, tables.locs, tables.new_loc, me, tables.waiting, first, pending)
+        assert sum(first) == 0 and len(pending) == 1
+        assert sorted(pending[0]) == sorted(stack[0] for _, stack in counts if stack)
+        tables.flag_leaves(pending[0])
         c_hist = [0] * 8
         for _ in range(5):
-            _fastsample.sample({}, tables.locs, tables.new_loc, me, tables.waiting, c_hist)
+            _fastsample.sample({}, tables.locs, tables.new_loc, me, tables.waiting, c_hist, pending)
+        assert len(pending) == 1  # every leaf decided now
         py_hist = [0] * 8
-        stand_in = types.SimpleNamespace(tables=tables, counts={}, _ident=me, _activity=py_hist)
+        stand_in = types.SimpleNamespace(tables=tables, counts={}, _ident=me, _activity=py_hist, _pending=[])
         for _ in range(5):
             Agent._sample_python(stand_in)  # type: ignore[arg-type]
+        assert stand_in._pending == []
         # The spinner runs; the sleeper, the lock waiter and the event waiter wait.
         # (Other threads of the test process, if any, count the same in both.)
         assert c_hist == py_hist
         assert sum(c_hist) == 5
         active = [k for k, n in enumerate(c_hist) if n]
         assert active == [active[0]] and active[0] >= 1
-        assert first.index(1) >= active[0] + 3  # the three waiting threads stopped counting
+        # the three waiting threads are not counted: fewer active than threads with frames
+        assert active[0] <= len(pending[0]) - 3
     finally:
         stop.set()
         spinner.join()

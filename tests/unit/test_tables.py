@@ -6,7 +6,7 @@ import time
 import pytest
 
 from agent.protocol import LOC_BLOCKING, LOC_IO, LOC_LOCK, LOC_SLEEP, LOC_WAIT
-from agent.tables import MAX_LOCATIONS, Tables, callee_name
+from agent.tables import MAX_LOCATIONS, RUNS, UNDECIDED, WAITS, Tables, callee_name
 
 
 def _leaf_of(thread: threading.Thread):
@@ -70,15 +70,25 @@ def test_new_loc_flags_and_resend():
     a = t.new_loc((sleep_call << 48) | id(code), code, sleep_call, 10)
     b = t.new_loc((0 << 48) | id(code), code, 0, None)
     c = t.new_loc((sleep_call << 48) | 12345, code, sleep_call, 10)
-    t.flag_leaves({a, b})  # c was only ever an inner frame
+    t.flag_leaves({a, b})  # c was only ever an inner frame: undecided
     rows = {row[0]: row for row in t.loc_rows}
     assert rows[c][5] == 0
     assert rows[a][5] == LOC_BLOCKING | LOC_SLEEP and rows[b][5] == 0
-    assert t.waiting[a] == 1 and t.waiting[b] == 0 and t.waiting[c] == 0
+    assert t.waiting[a] == WAITS and t.waiting[b] == RUNS and t.waiting[c] == UNDECIDED
+    assert t.waits(a) and not t.waits(b) and not t.waits(c)
+    assert t.undecided([a, c]) and not t.undecided([a, b]) and t.undecided([c + 1])
     assert rows[b][4] == code.co_firstlineno  # unknown line falls back to the def line
     strings, locs = t.unsent()
     assert len(locs) == 3 and [s[1] for s in strings] == [code.co_filename, code.co_qualname]
-    t.mark_sent(len(strings), len(locs))
+    t.mark_sent()
+    assert t.unsent() == ([], [])
+    # c turns up as a leaf after its row went out: decided now, and sent again with its flags.
+    t.flag_leaves({c})
+    assert t.waits(c)
+    strings, locs = t.unsent()
+    assert strings == [] and locs == [[c, *rows[c][1:5], LOC_BLOCKING | LOC_SLEEP]]
+    t.flag_leaves({a, c})  # decided once: nothing more to send
+    t.mark_sent()
     assert t.unsent() == ([], [])
     t.resend_all()
     assert len(t.unsent()[1]) == 3
