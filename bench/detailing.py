@@ -8,7 +8,10 @@ and interleaved with the others, ``--repeats`` times; the table gives the
 median time and the slowdown against no detailing (medians):
 
 - selective, calls: the cpu proflet's collector, ``sys.monitoring`` PY_START
-  on the five candidates' code objects only (3.12+);
+  on the five candidates' code objects only (3.12+), counted by
+  ``agent._fastsample.CallCounter`` (C);
+- selective, Python callback: the same counted by a Python callback (what an
+  agent without its C extension does);
 - selective, calls+lines: the same with LINE events (every other burst);
 - yappi (cpu clock) and yappi (wall clock): every call of every function,
   which is what 3.11 has.
@@ -108,6 +111,17 @@ def run_selective(n: int, lines: bool) -> float:
         c.close()
 
 
+def run_python_counter(n: int) -> float:
+    import proflets.cpu as cpu
+
+    real = cpu.call_counter
+    cpu.call_counter = cpu.PyCallCounter
+    try:
+        return run_selective(n, lines=False)
+    finally:
+        cpu.call_counter = real
+
+
 def run_yappi(n: int, clock: str) -> float:
     import yappi
 
@@ -131,6 +145,7 @@ def main() -> None:
     if sys.version_info >= (3, 12):
         configs["selective, calls"] = lambda: run_selective(n, lines=False)
         configs["selective, calls+lines"] = lambda: run_selective(n, lines=True)
+        configs["selective, Python callback"] = lambda: run_python_counter(n)
     try:
         import yappi  # noqa: F401
 

@@ -19,6 +19,7 @@ burst and its (much larger) slowdown is measured and charged.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import sys
 import threading
 import time
@@ -149,6 +150,48 @@ def _best_of(runs: int, fn: Callable[[], object]) -> float:
     return best
 
 
+class PyCallCounter:
+    """agent._fastsample.CallCounter in Python, for an agent without its C extension.
+
+    About four times the C counter's cost per event (a Python call each).
+    """
+
+    def __init__(self, codes: list[CodeType]) -> None:
+        self._codes = set(codes)
+        self.calls: dict[CodeType, int] = {}
+        self.lines: dict[tuple[CodeType, int], int] = {}
+
+    def on_start(self, code: CodeType, offset: int) -> None:
+        if code in self._codes:
+            calls = self.calls
+            calls[code] = calls.get(code, 0) + 1
+
+    def on_line(self, code: CodeType, line: int) -> None:
+        if code in self._codes:
+            key = (code, line)
+            lines = self.lines
+            lines[key] = lines.get(key, 0) + 1
+
+    def counts(self) -> tuple[dict[CodeType, int], dict[tuple[CodeType, int], int]]:
+        return dict(self.calls), dict(self.lines)
+
+    def total(self) -> int:
+        return sum(self.calls.values()) + sum(self.lines.values())
+
+    def reset(self) -> None:
+        self.calls.clear()
+        self.lines.clear()
+
+
+def call_counter(codes: list[CodeType]) -> Any:
+    """The sys.monitoring callbacks' counter: the C one when the extension is built."""
+    try:
+        fast = importlib.import_module("agent._fastsample")
+    except ImportError:
+        return PyCallCounter(codes)
+    return fast.CallCounter(codes)
+
+
 class CpuCollector(Collector):
     """Exact call and line counts of the candidate functions over a burst.
 
@@ -177,26 +220,15 @@ class CpuCollector(Collector):
         self._monitoring = sys.version_info >= (3, 12)
         self._tool: int | None = None
         self._codes: list[CodeType] = []
-        self._calls: dict[CodeType, int] = {}
-        self._lines: dict[tuple[CodeType, int], int] = {}
+        #: the burst's counter (see call_counter), its methods the callbacks
+        self._counter: Any = None
         self._event_cost_s: float | None = None
         self._started = 0.0
-        self._yappi_calls_before = 0
         #: line events slow a hot loop several times over, and a slowed
         #: function is called less often: every other burst counts calls
         #: only, and the rates come from those (see Session._add_burst)
         self._bursts = 0
         self._with_lines = False
-
-    # sys.monitoring callbacks: as little as possible per event
-    def _on_start(self, code: CodeType, offset: int) -> None:
-        calls = self._calls
-        calls[code] = calls.get(code, 0) + 1
-
-    def _on_line(self, code: CodeType, line: int) -> None:
-        key = (code, line)
-        lines = self._lines
-        lines[key] = lines.get(key, 0) + 1
 
     def unavailable(self) -> str | None:
         if not self._monitoring and not self.explicit:
@@ -224,8 +256,6 @@ class CpuCollector(Collector):
         for tool in (mon.PROFILER_ID, 3, 4):
             if mon.get_tool(tool) is None:
                 mon.use_tool_id(tool, "dyper")
-                mon.register_callback(tool, mon.events.PY_START, self._on_start)
-                mon.register_callback(tool, mon.events.LINE, self._on_line)
                 return int(tool)
         raise RuntimeError("no free sys.monitoring tool id")
 
@@ -242,20 +272,23 @@ class CpuCollector(Collector):
         mon.register_callback(tool, mon.events.LINE, None)
         mon.free_tool_id(tool)
 
+    def _register(self, counter: Any) -> None:
+        mon = sys.monitoring  # type: ignore[attr-defined,unused-ignore]
+        mon.register_callback(self._tool, mon.events.PY_START, counter.on_start)
+        mon.register_callback(self._tool, mon.events.LINE, counter.on_line)
+
     def _calibrate_monitoring(self) -> float:
         mon = sys.monitoring  # type: ignore[attr-defined,unused-ignore]
         code = _calibration_target.__code__
         n = 300
         plain = _best_of(3, lambda: _calibration_target(n))
         assert self._tool is not None
+        self._register(call_counter([code]))
         mon.set_local_events(self._tool, code, mon.events.PY_START | mon.events.LINE)
         try:
             hooked = _best_of(3, lambda: _calibration_target(n))
         finally:
             mon.set_local_events(self._tool, code, 0)
-            self._calls.pop(code, None)
-            for key in [k for k in self._lines if k[0] is code]:
-                del self._lines[key]
         events = 1 + 2 * n + 2  # the call, two lines per round, the first and last line
         # The loop is the cheapest code to hook (warm caches, one small frame);
         # real hot code paid about a fifth more per event here, so charge that.
@@ -286,8 +319,6 @@ class CpuCollector(Collector):
 
     def start_detail(self, ctx: DetailContext) -> None:
         self._codes = list(ctx.candidates[: self.MAX_CANDIDATES])
-        self._calls = {}
-        self._lines = {}
         self._with_lines = self._monitoring and self._bursts % 2 == 1
         self._bursts += 1
         if self._monitoring:
@@ -295,6 +326,8 @@ class CpuCollector(Collector):
             self._tool = self._claim_tool()
             if self._event_cost_s is None:
                 self._event_cost_s = self._calibrate_monitoring()
+            self._counter = call_counter(self._codes)
+            self._register(self._counter)
             events = mon.events.PY_START | (mon.events.LINE if self._with_lines else 0)
             for code in self._codes:
                 mon.set_local_events(self._tool, code, events)
@@ -310,7 +343,7 @@ class CpuCollector(Collector):
 
     def _events(self) -> int:
         if self._monitoring:
-            return sum(self._calls.values()) + sum(self._lines.values())
+            return int(self._counter.total()) if self._counter is not None else 0
         import yappi
 
         # Every call of every function pays yappi's hook, not just the candidates'.
@@ -327,8 +360,8 @@ class CpuCollector(Collector):
         length = time.perf_counter() - self._started
         if self._monitoring:
             self._release_tool()
-            calls = {c: self._calls.get(c, 0) for c in self._codes}
-            lines = dict(self._lines)
+            counted, lines = self._counter.counts() if self._counter is not None else ({}, {})
+            calls = {c: counted.get(c, 0) for c in self._codes}
             events = sum(calls.values()) + sum(lines.values())
         else:
             calls, lines, events = self._stop_yappi()
@@ -339,7 +372,7 @@ class CpuCollector(Collector):
             "lines": [[c.co_filename, c.co_qualname, c.co_firstlineno, line, n] for (c, line), n in lines.items()],
             "lines_counted": self._with_lines,
         }
-        self._calls, self._lines, self._codes = {}, {}, []
+        self._counter, self._codes = None, []
         return result
 
     def _stop_yappi(self) -> tuple[dict[CodeType, int], dict[tuple[CodeType, int], int], int]:

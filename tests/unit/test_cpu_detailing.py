@@ -7,9 +7,13 @@
 from __future__ import annotations
 
 import sys
+from types import CodeType
 
+import pytest
+
+from agent import _fastsample
 from agent.proflet import DetailContext
-from proflets.cpu import CpuCollector
+from proflets.cpu import CpuCollector, PyCallCounter, call_counter
 
 
 def hot(x: int) -> int:
@@ -57,3 +61,64 @@ def test_a_second_burst_counts_again_and_the_tool_is_freed() -> None:
 
         assert not yappi.is_running()
     collector.close()
+
+
+def looped(n: int) -> int:
+    total = 0
+    for i in range(n):
+        total += i
+    return total
+
+
+def test_a_lines_burst_counts_each_line_exactly() -> None:
+    collector = CpuCollector()
+    collector.explicit = True  # yappi on 3.11 is opt-in
+    collector._bursts = 1  # odd bursts count lines too
+    collector.start_detail(DetailContext([looped.__code__], 1.0))
+    looped(250)
+    looped(250)
+    result = collector.stop_detail()
+    collector.close()
+    assert [row[3] for row in result["functions"]] == [2]
+    if sys.version_info < (3, 12):
+        # yappi counts calls, not lines
+        assert not result["lines_counted"] and result["lines"] == []
+        return
+    assert result["lines_counted"]
+    body = looped.__code__.co_firstlineno + 3  # `total += i`
+    lines = {row[3]: row[4] for row in result["lines"]}
+    assert lines[body] == 500
+    assert lines[body - 2] == 2  # `total = 0`, once a call
+
+
+def _feed(counter: object, a: CodeType, b: CodeType, stranger: CodeType) -> None:
+    for _ in range(3):
+        counter.on_start(a, 0)  # type: ignore[attr-defined]
+    counter.on_start(stranger, 0)  # type: ignore[attr-defined]  # not counted: no candidate
+    counter.on_line(b, 7)  # type: ignore[attr-defined]
+    counter.on_line(b, 7)  # type: ignore[attr-defined]
+    counter.on_line(a, 9)  # type: ignore[attr-defined]
+    counter.on_line(stranger, 9)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("make", [PyCallCounter, _fastsample.CallCounter], ids=["python", "c"])
+def test_the_counters_count_candidates_only_and_reset(make: type) -> None:
+    a, b, stranger = hot.__code__, cold.__code__, other.__code__
+    counter = make([a, b])
+    _feed(counter, a, b, stranger)
+    calls, lines = counter.counts()
+    assert calls == {a: 3}
+    assert lines == {(b, 7): 2, (a, 9): 1}
+    assert counter.total() == 6
+    counter.reset()
+    assert counter.counts() == ({}, {}) and counter.total() == 0
+    _feed(counter, a, b, stranger)  # counts again after a reset
+    assert counter.counts() == ({a: 3}, {(b, 7): 2, (a, 9): 1})
+
+
+def test_the_c_counter_refuses_bad_codes() -> None:
+    with pytest.raises(TypeError, match="code objects"):
+        _fastsample.CallCounter([hot])
+    with pytest.raises(ValueError, match="at most 16"):
+        _fastsample.CallCounter([hot.__code__] * 17)
+    assert isinstance(call_counter([hot.__code__]), _fastsample.CallCounter)
