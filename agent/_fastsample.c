@@ -112,6 +112,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #if PY_VERSION_HEX >= 0x030D0000
 #  ifdef MS_WINDOWS
@@ -2027,6 +2028,40 @@ typedef struct {
     unsigned long long n;
 } line_slot;
 
+/* Native time (the candidates' own time and the time of each C call they
+ * make, Paradyn-J's "VM interaction" cost, Python style): per thread, a
+ * stack of what is running, pushed at PY_START/PY_RESUME and CALL (of a
+ * callable that is not Python code), popped at PY_RETURN/PY_YIELD and
+ * C_RETURN/C_RAISE. A frame left by an exception (PY_UNWIND is no local
+ * event) is dropped when an outer entry is popped. Recursion is timed once,
+ * at its outermost activation. */
+#define NATIVE_THREADS 64
+#define NATIVE_DEPTH 32
+#define NATIVE_CALLEES 256
+#define NATIVE_FUNC 1
+#define NATIVE_CCALL 2
+
+typedef struct {
+    int kind;
+    Py_ssize_t code;      /* index into codes */
+    const void *key;      /* NATIVE_CCALL: what identifies the C callable */
+    long long t0;
+} native_entry;
+
+typedef struct {
+    const void *tstate;
+    int depth;
+    native_entry e[NATIVE_DEPTH];
+} native_thread;
+
+typedef struct {
+    Py_ssize_t code;
+    const void *key;
+    PyObject *name;       /* str, made once per callee */
+    unsigned long long n;
+    long long ns;
+} native_callee;
+
 typedef struct {
     PyObject_HEAD
     Py_ssize_t ncodes;
@@ -2035,7 +2070,185 @@ typedef struct {
     PyObject *line_index[COUNTER_MAX];   /* dict: line -> slot index */
     line_slot *slots;
     Py_ssize_t nslots, cap;
+    /* native time: NULL until the first native event */
+    native_thread *threads;
+    long long func_ns[COUNTER_MAX];
+    native_callee callees[NATIVE_CALLEES];
+    Py_ssize_t ncallees;
+    unsigned long long native_events;
+    int native;           /* time functions and their C calls (CallCounter(codes, native=True)) */
 } CallCounter;
+
+static long long
+native_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static native_thread *
+native_thread_of(CallCounter *self)
+{
+    if (self->threads == NULL) {
+        self->threads = PyMem_Calloc(NATIVE_THREADS, sizeof(native_thread));
+        if (self->threads == NULL) {
+            return NULL;   /* no native time, no error: counting goes on */
+        }
+    }
+    const void *me = PyThreadState_Get();
+    native_thread *free_slot = NULL;
+    for (int t = 0; t < NATIVE_THREADS; t++) {
+        if (self->threads[t].tstate == me) {
+            return &self->threads[t];
+        }
+        if (free_slot == NULL && self->threads[t].tstate == NULL) {
+            free_slot = &self->threads[t];
+        }
+    }
+    if (free_slot != NULL) {
+        free_slot->tstate = me;
+        free_slot->depth = 0;
+    }
+    return free_slot;   /* NULL past NATIVE_THREADS threads: not timed */
+}
+
+static void
+native_push(CallCounter *self, int kind, Py_ssize_t code, const void *key)
+{
+    native_thread *th = native_thread_of(self);
+    if (th == NULL || th->depth >= NATIVE_DEPTH) {
+        return;
+    }
+    native_entry *e = &th->e[th->depth++];
+    e->kind = kind;
+    e->code = code;
+    e->key = key;
+    e->t0 = native_now();
+    self->native_events++;
+}
+
+/* Pop the nearest entry matching (kind, code, key) within a few levels
+ * (entries above it were left by exceptions) and return its elapsed ns, or
+ * -1 if there is none or an outer activation of the same thing is still
+ * running (recursion: timed at the outermost). */
+static long long
+native_pop(CallCounter *self, int kind, Py_ssize_t code, const void *key)
+{
+    native_thread *th = native_thread_of(self);
+    if (th == NULL) {
+        return -1;
+    }
+    self->native_events++;
+    for (int d = th->depth - 1; d >= 0 && d >= th->depth - 4; d--) {
+        native_entry *e = &th->e[d];
+        if (e->kind == kind && e->code == code && e->key == key) {
+            long long elapsed = native_now() - e->t0;
+            th->depth = d;
+            for (int o = 0; o < d; o++) {
+                if (th->e[o].kind == kind && th->e[o].code == code && th->e[o].key == key) {
+                    return -1;
+                }
+            }
+            return elapsed;
+        }
+    }
+    return -1;
+}
+
+/* What identifies a C callable across calls (bound methods are made per
+ * call, their method definition is not), or NULL for Python code, whose
+ * call pushes a frame and has no C_RETURN. */
+static const void *
+native_key(PyObject *callable)
+{
+    if (PyFunction_Check(callable)) {
+        return NULL;
+    }
+    if (PyMethod_Check(callable) && PyFunction_Check(PyMethod_GET_FUNCTION(callable))) {
+        return NULL;
+    }
+    if (PyCFunction_Check(callable)) {
+        return ((PyCFunctionObject *)callable)->m_ml;
+    }
+    if (Py_IS_TYPE(callable, &PyMethodDescr_Type)) {
+        return ((PyMethodDescrObject *)callable)->d_method;
+    }
+    if (PyType_Check(callable)) {
+        return callable;
+    }
+    return Py_TYPE(callable);
+}
+
+static PyObject *
+native_name(PyObject *callable)
+{
+    if (PyCFunction_Check(callable)) {
+        PyCFunctionObject *f = (PyCFunctionObject *)callable;
+        PyObject *self = f->m_self;
+        if (self != NULL && PyModule_Check(self)) {
+            const char *mod = PyModule_GetName(self);
+            if (mod == NULL) {
+                PyErr_Clear();
+                mod = "?";
+            }
+            return PyUnicode_FromFormat("%s.%s", mod, f->m_ml->ml_name);
+        }
+        if (self == NULL || PyModule_Check(self)) {
+            return PyUnicode_FromString(f->m_ml->ml_name);
+        }
+        return PyUnicode_FromFormat("%s.%s", Py_TYPE(self)->tp_name, f->m_ml->ml_name);
+    }
+    if (Py_IS_TYPE(callable, &PyMethodDescr_Type)) {
+        PyMethodDescrObject *d = (PyMethodDescrObject *)callable;
+        return PyUnicode_FromFormat("%s.%s", PyDescr_TYPE(d)->tp_name, d->d_method->ml_name);
+    }
+    if (PyType_Check(callable)) {
+        return PyUnicode_FromFormat("%s()", ((PyTypeObject *)callable)->tp_name);
+    }
+    return PyUnicode_FromFormat("%s()", Py_TYPE(callable)->tp_name);
+}
+
+static void
+native_add(CallCounter *self, Py_ssize_t code, const void *key, PyObject *callable, long long ns)
+{
+    for (Py_ssize_t c = 0; c < self->ncallees; c++) {
+        native_callee *ce = &self->callees[c];
+        if (ce->key == key && ce->code == code) {
+            ce->n++;
+            ce->ns += ns;
+            return;
+        }
+    }
+    if (self->ncallees == NATIVE_CALLEES) {
+        return;   /* bounded: a function calling hundreds of distinct C functions keeps the first */
+    }
+    PyObject *name = native_name(callable);
+    if (name == NULL) {
+        PyErr_Clear();
+        return;
+    }
+    native_callee *ce = &self->callees[self->ncallees++];
+    ce->code = code;
+    ce->key = key;
+    ce->name = name;
+    ce->n = 1;
+    ce->ns = ns;
+}
+
+static void
+native_forget(CallCounter *self)
+{
+    for (Py_ssize_t c = 0; c < self->ncallees; c++) {
+        Py_CLEAR(self->callees[c].name);
+    }
+    self->ncallees = 0;
+    memset(self->func_ns, 0, sizeof(self->func_ns));
+    self->native_events = 0;
+    if (self->threads != NULL) {
+        memset(self->threads, 0, NATIVE_THREADS * sizeof(native_thread));
+    }
+}
 
 static Py_ssize_t
 counter_find(CallCounter *self, PyObject *code)
@@ -2066,8 +2279,9 @@ static PyObject *
 CallCounter_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     PyObject *codes;
-    static char *kwlist[] = {"codes", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O:CallCounter", kwlist, &codes)) {
+    int native = 0;
+    static char *kwlist[] = {"codes", "native", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|p:CallCounter", kwlist, &codes, &native)) {
         return NULL;
     }
     PyObject *seq = PySequence_Fast(codes, "codes must be a sequence of code objects");
@@ -2102,6 +2316,7 @@ CallCounter_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         }
     }
     Py_DECREF(seq);
+    self->native = native;
     return (PyObject *)self;
 }
 
@@ -2115,6 +2330,9 @@ CallCounter_traverse(CallCounter *self, visitproc visit, void *arg)
     }
     for (Py_ssize_t j = 0; j < self->nslots; j++) {
         Py_VISIT(self->slots[j].line);
+    }
+    for (Py_ssize_t c = 0; c < self->ncallees; c++) {
+        Py_VISIT(self->callees[c].name);
     }
     return 0;
 }
@@ -2131,6 +2349,7 @@ CallCounter_clear(CallCounter *self)
         Py_CLEAR(self->line_index[i]);
     }
     self->ncodes = 0;
+    native_forget(self);
     return 0;
 }
 
@@ -2141,6 +2360,7 @@ CallCounter_dealloc(CallCounter *self)
     PyObject_GC_UnTrack(self);
     CallCounter_clear(self);
     PyMem_Free(self->slots);
+    PyMem_Free(self->threads);
     tp->tp_free((PyObject *)self);
     Py_DECREF(tp);
 }
@@ -2156,9 +2376,124 @@ CallCounter_on_start(CallCounter *self, PyObject *const *args, Py_ssize_t nargs)
         Py_ssize_t i = counter_find(self, args[0]);
         if (i >= 0) {
             self->calls[i]++;
+            if (self->native) {
+                native_push(self, NATIVE_FUNC, i, NULL);
+            }
         }
     }
     Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(on_resume_doc,
+"on_resume(code, offset, /) -> None\n\n"
+"A PY_RESUME callback (native mode): a candidate's generator or coroutine runs again.");
+
+static PyObject *
+CallCounter_on_resume(CallCounter *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs >= 1 && self->native) {
+        Py_ssize_t i = counter_find(self, args[0]);
+        if (i >= 0) {
+            native_push(self, NATIVE_FUNC, i, NULL);
+        }
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(on_return_doc,
+"on_return(code, offset, value, /) -> None\n\n"
+"A PY_RETURN or PY_YIELD callback (native mode): a candidate stops running.");
+
+static PyObject *
+CallCounter_on_return(CallCounter *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs >= 1 && self->native) {
+        Py_ssize_t i = counter_find(self, args[0]);
+        if (i >= 0) {
+            long long ns = native_pop(self, NATIVE_FUNC, i, NULL);
+            if (ns >= 0) {
+                self->func_ns[i] += ns;
+            }
+        }
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(on_call_doc,
+"on_call(code, offset, callable, arg0, /) -> None\n\n"
+"A CALL callback (native mode): a candidate calls callable; C callables are timed.");
+
+static PyObject *
+CallCounter_on_call(CallCounter *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs >= 3 && self->native) {
+        Py_ssize_t i = counter_find(self, args[0]);
+        const void *key = i >= 0 ? native_key(args[2]) : NULL;
+        if (key != NULL) {
+            native_push(self, NATIVE_CCALL, i, key);
+        }
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(on_c_return_doc,
+"on_c_return(code, offset, callable, arg0, /) -> None\n\n"
+"A C_RETURN or C_RAISE callback (native mode): a C call made by a candidate ends.");
+
+static PyObject *
+CallCounter_on_c_return(CallCounter *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs >= 3 && self->native) {
+        Py_ssize_t i = counter_find(self, args[0]);
+        const void *key = i >= 0 ? native_key(args[2]) : NULL;
+        if (key != NULL) {
+            long long ns = native_pop(self, NATIVE_CCALL, i, key);
+            if (ns >= 0) {
+                native_add(self, i, key, args[2], ns);
+            }
+        }
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(native_doc,
+"native() -> (dict[code, float], list[(code, str, int, float)])\n\n"
+"Native mode: each candidate's own time in seconds (outermost activations,\n"
+"generator and coroutine steps summed), and the C calls each made: callee\n"
+"name, calls, seconds.");
+
+static PyObject *
+CallCounter_native(CallCounter *self, PyObject *unused)
+{
+    PyObject *funcs = PyDict_New(), *callees = PyList_New(0);
+    if (funcs == NULL || callees == NULL) {
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < self->ncodes; i++) {
+        if (self->func_ns[i] == 0) {
+            continue;
+        }
+        PyObject *v = PyFloat_FromDouble((double)self->func_ns[i] / 1e9);
+        if (v == NULL || PyDict_SetItem(funcs, self->codes[i], v) < 0) {
+            Py_XDECREF(v);
+            goto fail;
+        }
+        Py_DECREF(v);
+    }
+    for (Py_ssize_t c = 0; c < self->ncallees; c++) {
+        native_callee *ce = &self->callees[c];
+        PyObject *row = Py_BuildValue("(OOKd)", self->codes[ce->code], ce->name, ce->n, (double)ce->ns / 1e9);
+        if (row == NULL || PyList_Append(callees, row) < 0) {
+            Py_XDECREF(row);
+            goto fail;
+        }
+        Py_DECREF(row);
+    }
+    return Py_BuildValue("(NN)", funcs, callees);
+fail:
+    Py_XDECREF(funcs);
+    Py_XDECREF(callees);
+    return NULL;
 }
 
 PyDoc_STRVAR(on_line_doc,
@@ -2250,7 +2585,7 @@ fail:
     return NULL;
 }
 
-PyDoc_STRVAR(total_doc, "total() -> int\n\nEvery event counted so far, calls and lines.");
+PyDoc_STRVAR(total_doc, "total() -> int\n\nEvery event counted so far: calls, lines and native mode's.");
 
 static PyObject *
 CallCounter_total(CallCounter *self, PyObject *unused)
@@ -2262,6 +2597,7 @@ CallCounter_total(CallCounter *self, PyObject *unused)
     for (Py_ssize_t j = 0; j < self->nslots; j++) {
         n += self->slots[j].n;
     }
+    n += self->native_events;
     return PyLong_FromUnsignedLongLong(n);
 }
 
@@ -2272,12 +2608,18 @@ CallCounter_reset(CallCounter *self, PyObject *unused)
 {
     memset(self->calls, 0, sizeof(self->calls));
     counter_forget_lines(self);
+    native_forget(self);
     Py_RETURN_NONE;
 }
 
 static PyMethodDef CallCounter_methods[] = {
     {"on_start", (PyCFunction)(void (*)(void))CallCounter_on_start, METH_FASTCALL, on_start_doc},
     {"on_line", (PyCFunction)(void (*)(void))CallCounter_on_line, METH_FASTCALL, on_line_doc},
+    {"on_resume", (PyCFunction)(void (*)(void))CallCounter_on_resume, METH_FASTCALL, on_resume_doc},
+    {"on_return", (PyCFunction)(void (*)(void))CallCounter_on_return, METH_FASTCALL, on_return_doc},
+    {"on_call", (PyCFunction)(void (*)(void))CallCounter_on_call, METH_FASTCALL, on_call_doc},
+    {"on_c_return", (PyCFunction)(void (*)(void))CallCounter_on_c_return, METH_FASTCALL, on_c_return_doc},
+    {"native", (PyCFunction)CallCounter_native, METH_NOARGS, native_doc},
     {"counts", (PyCFunction)CallCounter_counts, METH_NOARGS, counts_doc},
     {"total", (PyCFunction)CallCounter_total, METH_NOARGS, total_doc},
     {"reset", (PyCFunction)CallCounter_reset, METH_NOARGS, reset_doc},
@@ -2285,9 +2627,11 @@ static PyMethodDef CallCounter_methods[] = {
 };
 
 PyDoc_STRVAR(CallCounter_doc,
-"CallCounter(codes)\n\n"
+"CallCounter(codes, native=False)\n\n"
 "Exact call and line counts for up to 16 code objects, for sys.monitoring's\n"
-"PY_START (on_start) and LINE (on_line) events; counts() reads them.");
+"PY_START (on_start) and LINE (on_line) events; counts() reads them. With\n"
+"native=True it also times the candidates (on_start, on_resume, on_return)\n"
+"and the C calls they make (on_call, on_c_return); native() reads those.");
 
 static PyType_Slot CallCounter_slots[] = {
     {Py_tp_new, CallCounter_new},

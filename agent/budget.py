@@ -160,6 +160,8 @@ class Guard:
         self._tokens = 0.0
         self._last = now
         self.spent_s = 0.0
+        #: spent_s by what paid (sample, wake, report, detail): the ledger's lines
+        self.spent_by: dict[str, float] = {}
         self.started = now
 
     def set_budget(self, budget: float, now: float) -> None:
@@ -172,11 +174,12 @@ class Guard:
         cap = self.budget * self.capacity_s
         self._tokens = min(cap, self._tokens + elapsed * self.budget)
 
-    def charge(self, seconds: float, now: float) -> None:
-        """Pay for work that took ``seconds`` of the process's time."""
+    def charge(self, seconds: float, now: float, what: str = "other") -> None:
+        """Pay for work that took ``seconds`` of the process's time (``what`` names the ledger line)."""
         self._accrue(now)
         self._tokens -= seconds
         self.spent_s += seconds
+        self.spent_by[what] = self.spent_by.get(what, 0.0) + seconds
 
     def tokens(self, now: float) -> float:
         """Seconds that may be spent now; negative while in debt."""

@@ -432,7 +432,7 @@ class Agent:
                     spent = _cost_clock() - t0
                     self._window_costs["sample"] += spent
                     self._accounted_s += spent
-                    self.guard.charge(spent, self.clock())
+                    self.guard.charge(spent, self.clock(), "sample")
                     self.max_op_s = max(self.max_op_s, spent)
                     # A plain mean over the first samples, then a moving average:
                     # the plan follows real costs within a few samples of start.
@@ -483,7 +483,7 @@ class Agent:
                 rest += self._handoff_s
             if rest > 0:
                 self._window_costs["wake"] += rest
-                self.guard.charge(rest, self.clock())
+                self.guard.charge(rest, self.clock(), "wake")
                 self.wake_cost_s += EWMA_ALPHA * (rest - self.wake_cost_s)
                 self._undrained_s += rest
             remaining_ms = (wake - self.clock()) * 1000.0
@@ -600,7 +600,7 @@ class Agent:
         spent = own + elsewhere
         self._window_costs["sample"] += spent
         self._accounted_s += own
-        self.guard.charge(spent, self.clock())
+        self.guard.charge(spent, self.clock(), "sample")
         self.max_op_s = max(self.max_op_s, own)
         self.sample_lag_s = stats["latency_s"]
         ticks = stats["ticks"] - last["ticks"]
@@ -684,7 +684,7 @@ class Agent:
                 self._switch_off(name, exc)
                 continue
             if slowdown > burst.charged_s:
-                self.guard.charge(slowdown - burst.charged_s, now)
+                self.guard.charge(slowdown - burst.charged_s, now, "detail")
                 burst.charged_s = slowdown
             # End it when the next tick would pass the reservation, not after:
             # the sampler may wait a switch interval for the GIL before it looks again.
@@ -714,7 +714,7 @@ class Agent:
         # Reserve the expected slowdown now, so sampling cannot spend it while
         # the burst runs; the measured slowdown replaces it at the end.
         reserved = costs.slow / (1.0 + costs.slow) * length
-        self.guard.charge(fixed + reserved, self.clock())
+        self.guard.charge(fixed + reserved, self.clock(), "detail")
         start = self.clock()
         self._bursts[name] = _Burst(name, start, start + length, fixed, reserved)
 
@@ -731,7 +731,7 @@ class Agent:
         slowdown = float(result.get("slowdown_s", burst.charged_s))
         length = float(result.get("length_s", now - burst.start))
         # Settle the reservation against what was measured (a refund if it was less).
-        self.guard.charge(fixed - burst.fixed_s + slowdown - burst.charged_s, self.clock())
+        self.guard.charge(fixed - burst.fixed_s + slowdown - burst.charged_s, self.clock(), "detail")
         # What passed the reservation was spent before the guard could stop it:
         # like one long operation, it bounds how far the ledger can exceed the budget.
         self.max_op_s = max(self.max_op_s, slowdown - burst.reserved_s)
@@ -972,7 +972,7 @@ class Agent:
         self.max_op_s = max(self.max_op_s, spent)
         self._window_costs["report"] += spent
         self._accounted_s += spent
-        self.guard.charge(spent, self.clock())
+        self.guard.charge(spent, self.clock(), "report")
         self.report_cost_s += EWMA_ALPHA * 4 * (spent - self.report_cost_s)
         self._replan()
 
@@ -985,6 +985,8 @@ class Agent:
             activity=list(self._activity or ()),
             loc_flags=lambda loc: rows[loc][5] if 0 <= loc < len(rows) else 0,
             agent_ident=self._ident,
+            code_at=self.tables.location,
+            epoch=self.tables.epoch,
         )
         data: dict[str, Any] = {}
         for collector in list(self._on_report):

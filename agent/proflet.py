@@ -61,6 +61,11 @@ class ReportContext:
     loc_flags: Callable[[int], int]
     #: the agent's own thread, to leave out of per-thread figures
     agent_ident: int
+    #: a location's code object and instruction offset (None: unknown id), for
+    #: collectors that look at what a location does, e.g. the call it makes
+    code_at: Callable[[int], tuple[CodeType, int] | None] = lambda loc: None
+    #: the tables' epoch: location ids start again when it changes
+    epoch: int = 0
 
 
 class Collector:

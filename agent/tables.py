@@ -238,6 +238,12 @@ class Tables:
         """The code object of a location (locations are numbered in the order they were interned)."""
         return self._codes[loc]
 
+    def location(self, loc: int) -> tuple[CodeType, int] | None:
+        """A location's code object and instruction offset (None for an id never given out)."""
+        if 0 <= loc < len(self._lasti):
+            return self._codes[loc], self._lasti[loc]
+        return None
+
     def flag_leaves(self, leaves: Iterable[int]) -> None:
         """Decide the blocking flag of locations seen as a stack's leaf, once each.
 

@@ -23,7 +23,7 @@ import importlib
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import CodeType
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -141,6 +141,14 @@ def _calibration_target(n: int) -> int:
     return total
 
 
+def _native_calibration_target(n: int) -> int:
+    # The same with a C call each time round: what native bursts add is per call.
+    total = 0
+    for i in range(n):
+        total += abs(i)
+    return total
+
+
 def _best_of(runs: int, fn: Callable[[], object]) -> float:
     best = float("inf")
     for _ in range(runs):
@@ -156,7 +164,8 @@ class PyCallCounter:
     About four times the C counter's cost per event (a Python call each).
     """
 
-    def __init__(self, codes: list[CodeType]) -> None:
+    def __init__(self, codes: list[CodeType], native: bool = False) -> None:
+        # native time needs a clock read per event: too dear in Python, so this counter does without
         self._codes = set(codes)
         self.calls: dict[CodeType, int] = {}
         self.lines: dict[tuple[CodeType, int], int] = {}
@@ -182,14 +191,29 @@ class PyCallCounter:
         self.calls.clear()
         self.lines.clear()
 
+    def native(self) -> tuple[dict[CodeType, float], list[tuple[CodeType, str, int, float]]]:
+        return {}, []
 
-def call_counter(codes: list[CodeType]) -> Any:
+
+def call_counter(codes: list[CodeType], native: bool = False) -> Any:
     """The sys.monitoring callbacks' counter: the C one when the extension is built."""
     try:
         fast = importlib.import_module("agent._fastsample")
     except ImportError:
         return PyCallCounter(codes)
-    return fast.CallCounter(codes)
+    return fast.CallCounter(codes, native=native)
+
+
+#: sys.monitoring events of native bursts and the counter method each calls
+#: (C_RETURN and C_RAISE come with CALL: they cannot be set on their own)
+_NATIVE_CALLBACKS = (
+    ("PY_RESUME", "on_resume"),
+    ("PY_RETURN", "on_return"),
+    ("PY_YIELD", "on_return"),
+    ("CALL", "on_call"),
+    ("C_RETURN", "on_c_return"),
+    ("C_RAISE", "on_c_return"),
+)
 
 
 class CpuCollector(Collector):
@@ -223,6 +247,10 @@ class CpuCollector(Collector):
         #: the burst's counter (see call_counter), its methods the callbacks
         self._counter: Any = None
         self._event_cost_s: float | None = None
+        #: the same for native bursts (line, call and return events, a clock read each)
+        self._native_cost_s: float | None = None
+        #: this burst times the candidates and their C calls (3.12+, with the line counts)
+        self._native = False
         self._started = 0.0
         #: line events slow a hot loop several times over, and a slowed
         #: function is called less often: every other burst counts calls
@@ -268,31 +296,42 @@ class CpuCollector(Collector):
         for code in self._codes:
             with contextlib.suppress(ValueError):
                 mon.set_local_events(tool, code, 0)
-        mon.register_callback(tool, mon.events.PY_START, None)
-        mon.register_callback(tool, mon.events.LINE, None)
+        for event in ("PY_START", "LINE", *(e for e, _ in _NATIVE_CALLBACKS)):
+            mon.register_callback(tool, getattr(mon.events, event), None)
         mon.free_tool_id(tool)
 
-    def _register(self, counter: Any) -> None:
+    def _register(self, counter: Any, native: bool) -> None:
         mon = sys.monitoring  # type: ignore[attr-defined,unused-ignore]
         mon.register_callback(self._tool, mon.events.PY_START, counter.on_start)
         mon.register_callback(self._tool, mon.events.LINE, counter.on_line)
+        for event, method in _NATIVE_CALLBACKS:
+            mon.register_callback(self._tool, getattr(mon.events, event), getattr(counter, method) if native else None)
 
-    def _calibrate_monitoring(self) -> float:
+    def _native_events(self) -> int:
         mon = sys.monitoring  # type: ignore[attr-defined,unused-ignore]
-        code = _calibration_target.__code__
-        n = 300
-        plain = _best_of(3, lambda: _calibration_target(n))
+        e = mon.events
+        return int(e.PY_RESUME | e.PY_RETURN | e.PY_YIELD | e.CALL)
+
+    def _calibrate_monitoring(self, native: bool) -> float:
+        """Seconds one event costs the application, measured here on a small hooked loop."""
+        mon = sys.monitoring  # type: ignore[attr-defined,unused-ignore]
+        target = _native_calibration_target if native else _calibration_target
+        code = target.__code__
+        n, runs = 300, 3
+        plain = _best_of(runs, lambda: target(n))
         assert self._tool is not None
-        self._register(call_counter([code]))
-        mon.set_local_events(self._tool, code, mon.events.PY_START | mon.events.LINE)
+        counter = call_counter([code], native=native)
+        self._register(counter, native)
+        events = mon.events.PY_START | mon.events.LINE | (self._native_events() if native else 0)
+        mon.set_local_events(self._tool, code, events)
         try:
-            hooked = _best_of(3, lambda: _calibration_target(n))
+            hooked = _best_of(runs, lambda: target(n))
         finally:
             mon.set_local_events(self._tool, code, 0)
-        events = 1 + 2 * n + 2  # the call, two lines per round, the first and last line
+        per_run = max(1, int(counter.total()) // runs)
         # The loop is the cheapest code to hook (warm caches, one small frame);
         # real hot code paid about a fifth more per event here, so charge that.
-        return EVENT_COST_MARGIN * max(0.0, hooked - plain) / events
+        return EVENT_COST_MARGIN * max(0.0, hooked - plain) / per_run
 
     # --- 3.11: yappi for the burst -----------------------------------------------------
 
@@ -324,11 +363,19 @@ class CpuCollector(Collector):
         if self._monitoring:
             mon = sys.monitoring  # type: ignore[attr-defined,unused-ignore]
             self._tool = self._claim_tool()
-            if self._event_cost_s is None:
-                self._event_cost_s = self._calibrate_monitoring()
-            self._counter = call_counter(self._codes)
-            self._register(self._counter)
-            events = mon.events.PY_START | (mon.events.LINE if self._with_lines else 0)
+            # Native time comes with the line counts: both make the burst
+            # dearer, and the call rates come from the other bursts.
+            native = self._native = self._with_lines
+            if native:
+                if self._native_cost_s is None:
+                    self._native_cost_s = self._calibrate_monitoring(native=True)
+            elif self._event_cost_s is None:
+                self._event_cost_s = self._calibrate_monitoring(native=False)
+            self._counter = call_counter(self._codes, native=native)
+            self._register(self._counter, native)
+            events = mon.events.PY_START
+            if native:
+                events |= mon.events.LINE | self._native_events()
             for code in self._codes:
                 mon.set_local_events(self._tool, code, events)
         else:
@@ -354,25 +401,37 @@ class CpuCollector(Collector):
             # yappi's stats cost a walk over every function seen: too dear to
             # read during the burst, so the estimate comes at the end.
             return 0.0
-        return self._events() * (self._event_cost_s or 0.0)
+        return self._events() * self._cost_per_event()
+
+    def _cost_per_event(self) -> float:
+        return (self._native_cost_s if self._native else self._event_cost_s) or 0.0
 
     def stop_detail(self) -> dict[str, Any]:
         length = time.perf_counter() - self._started
         if self._monitoring:
             self._release_tool()
-            counted, lines = self._counter.counts() if self._counter is not None else ({}, {})
+            counter = self._counter
+            counted, lines = counter.counts() if counter is not None else ({}, {})
             calls = {c: counted.get(c, 0) for c in self._codes}
-            events = sum(calls.values()) + sum(lines.values())
+            events = int(counter.total()) if counter is not None else 0
         else:
             calls, lines, events = self._stop_yappi()
-        result = {
+        result: dict[str, Any] = {
             "length_s": length,
-            "slowdown_s": events * (self._event_cost_s or 0.0),
+            "slowdown_s": events * self._cost_per_event(),
             "functions": [[c.co_filename, c.co_qualname, c.co_firstlineno, n] for c, n in calls.items()],
             "lines": [[c.co_filename, c.co_qualname, c.co_firstlineno, line, n] for (c, line), n in lines.items()],
             "lines_counted": self._with_lines,
         }
-        self._counter, self._codes = None, []
+        if self._native and self._counter is not None:
+            own, callees = self._counter.native()
+            result["native"] = {
+                "functions": [[c.co_filename, c.co_qualname, c.co_firstlineno, sec] for c, sec in own.items()],
+                "callees": [
+                    [c.co_filename, c.co_qualname, c.co_firstlineno, name, n, sec] for c, name, n, sec in callees
+                ],
+            }
+        self._counter, self._codes, self._native = None, [], False
         return result
 
     def _stop_yappi(self) -> tuple[dict[CodeType, int], dict[tuple[CodeType, int], int], int]:
@@ -411,6 +470,62 @@ class CpuAnalyzer(Analyzer):
     """Per function and line shares from the session's stacks, with the call counts detailing measured."""
 
     name = "cpu"
+    #: native rows in the report, and the share of a function's time a C
+    #: call must take to be a finding
+    NATIVE_ROWS = 30
+    NATIVE_FINDING_PCT = 30.0
+
+    def __init__(self, session: Any = None) -> None:
+        super().__init__(session)
+        #: over every native burst: each candidate's own time (s), and
+        #: (function, callee) -> [calls, seconds] of the C calls it made
+        self.native_own: dict[Key, float] = {}
+        self.native_calls: dict[tuple[Key, str], list[float]] = {}
+
+    def merge_detail(self, burst: Mapping[str, Any]) -> None:
+        native = burst.get("native")
+        if not isinstance(native, Mapping):
+            return
+        try:
+            for file, name, line, sec in native.get("functions") or ():
+                key = (str(file), str(name), int(line))
+                self.native_own[key] = self.native_own.get(key, 0.0) + float(sec)
+            for file, name, line, callee, n, sec in native.get("callees") or ():
+                slot = self.native_calls.setdefault(((str(file), str(name), int(line)), str(callee)), [0.0, 0.0])
+                slot[0] += int(n)
+                slot[1] += float(sec)
+        except (TypeError, ValueError):
+            return  # a malformed burst adds nothing
+
+    def native_rows(self) -> list[dict[str, Any]]:
+        """The C calls the candidates made, dearest first: Paradyn-J's VM-interaction cost per method."""
+        rows: list[dict[str, Any]] = []
+        for (key, callee), (n, sec) in sorted(self.native_calls.items(), key=lambda kv: -kv[1][1]):
+            own = self.native_own.get(key, 0.0)
+            rows.append(
+                {
+                    "function": key[1],
+                    "file": key[0],
+                    "line": key[2],
+                    "callee": callee,
+                    "calls": int(n),
+                    "seconds": sec,
+                    "pct_of_function": 100.0 * sec / own if own > 0 else None,
+                }
+            )
+            if len(rows) == self.NATIVE_ROWS:
+                break
+        return rows
+
+    def state(self) -> dict[str, Any]:
+        # the shape of a burst's "native" part, so restoring is merging one
+        return {
+            "functions": [[*k, v] for k, v in self.native_own.items()],
+            "callees": [[*k, c, n, sec] for (k, c), (n, sec) in self.native_calls.items()],
+        }
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        self.merge_detail({"native": state})
 
     def _profile(self, start: float | None, end: float | None) -> Profile:
         from monitor.profile import Profile, process_info, session_paths
@@ -439,7 +554,7 @@ class CpuAnalyzer(Analyzer):
             row["self_s"] = row["self_pct"] / 100.0 * duration
             row["total_s"] = row["total_pct"] / 100.0 * duration
             row["s_per_call"] = row["total_s"] / row["calls"] if row["calls"] else None
-        return {"functions": functions, "lines": line_table(profile, floor_pct=FLOOR_PCT)}
+        return {"functions": functions, "lines": line_table(profile, floor_pct=FLOOR_PCT), "native": self.native_rows()}
 
     def _busy(self) -> tuple[float, int]:
         session = self.session
@@ -456,15 +571,22 @@ class CpuAnalyzer(Analyzer):
         return priority(self.session)
 
     def findings(self) -> list[str]:
+        said = [
+            f"{r['callee']} inside {r['function']}() is {r['pct_of_function']:.0f}% of {r['function']}()'s time "
+            f"(native time, {r['calls']:,} calls measured)"
+            for r in self.native_rows()[:3]
+            if (r["pct_of_function"] or 0.0) >= self.NATIVE_FINDING_PCT
+        ]
         busy, samples = self._busy()
         if samples < 50 or busy < 0.5:
-            return []
+            return said
         top = function_table(self._profile(None, None), floor_pct=FLOOR_PCT)[:1]
         if not top or top[0]["self_pct"] < 10:
-            return []
+            return said
         return [
             f"the process is CPU-bound ({busy:.0%} of samples on the CPU); {top[0]['name']} takes "
-            f"{top[0]['self_pct']:.0f}% of the CPU samples itself"
+            f"{top[0]['self_pct']:.0f}% of the CPU samples itself",
+            *said,
         ]
 
 

@@ -288,10 +288,15 @@ class ThreadsAnalyzer(Analyzer):
         #: whole run: ident -> [bursts seconds, ns on CPU, ns waiting for a CPU, voluntary, involuntary]
         self.detail: dict[int, list[float]] = {}
         self.samples = 0
+        #: the collector has sent thread CPU clocks: without them (the proflet
+        #: is off in the agent) running cannot be told from waiting for the GIL
+        self.clocks = False
 
     def merge(self, report: ReportView) -> None:
         self.names.update(report.threads)
         data = report.data or {}
+        if "threads" in data:
+            self.clocks = True
         cpu_delta: dict[int, float] = {}
         for row in data.get("threads") or ():
             ident, cpu = int(row[0]), float(row[2])
@@ -356,14 +361,14 @@ class ThreadsAnalyzer(Analyzer):
             seconds = row[_SECONDS]
             cpu = row[_CPU]
             # Of the time it was not waiting, the CPU clock says how much it ran.
-            ran = min(share["run"], cpu / seconds) if seconds > 0 else share["run"]
+            ran = min(share["run"], cpu / seconds) if seconds > 0 and self.clocks else share["run"]
             by = blockers.get(ident)
             owner = max(by, key=lambda o: by[o]) if by else None
             entry: dict[str, Any] = {
                 "name": self.names.get(ident, f"thread-{ident}"),
                 "ident": ident,
                 "run_pct": 100.0 * ran,
-                "gil_pct": 100.0 * max(0.0, share["run"] - ran),
+                "gil_pct": 100.0 * max(0.0, share["run"] - ran) if self.clocks else None,
                 "block_pct": 100.0 * share["lock"],
                 "wait_pct": 100.0 * share["wait"],
                 "io_pct": 100.0 * share["io"],
@@ -394,8 +399,9 @@ class ThreadsAnalyzer(Analyzer):
         """(share of the threads' not-sleeping time lost to locks and the GIL, samples behind it)."""
         lost = busy = 0.0
         for r in self.table():
-            lost += r["block_pct"] + r["gil_pct"]
-            busy += r["run_pct"] + r["block_pct"] + r["gil_pct"]
+            gil = r["gil_pct"] or 0.0
+            lost += r["block_pct"] + gil
+            busy += r["run_pct"] + r["block_pct"] + gil
         return (lost / busy if busy > 0 else 0.0), float(self.samples)
 
     def status(self) -> Status:
@@ -414,7 +420,7 @@ class ThreadsAnalyzer(Analyzer):
             if r["block_pct"] >= 20:
                 by = f", held by {r['blocked_by']}" if r["blocked_by"] else ""
                 out.append(f"thread {r['name']} is blocked on a lock {r['block_pct']:.0f}% of the time{by}")
-            if r["gil_pct"] >= 20:
+            if (r["gil_pct"] or 0.0) >= 20:
                 out.append(f"thread {r['name']} is ready to run but not running {r['gil_pct']:.0f}% of the time (GIL)")
         return out
 
@@ -425,6 +431,7 @@ class ThreadsAnalyzer(Analyzer):
             "blockers": {str(k): {str(o): n for o, n in v.items()} for k, v in self.blockers.items()},
             "detail": {str(k): v for k, v in self.detail.items()},
             "samples": self.samples,
+            "clocks": self.clocks,
         }
 
     def restore(self, state: Mapping[str, Any]) -> None:
@@ -435,6 +442,8 @@ class ThreadsAnalyzer(Analyzer):
         }
         self.detail = {int(k): [float(x) for x in v] for k, v in (state.get("detail") or {}).items()}
         self.samples = int(state.get("samples") or 0)
+        # histories written before this key had clocks whenever they had CPU seconds
+        self.clocks = bool(state.get("clocks", any(v[_CPU] for v in self.totals.values())))
 
 
 COLLECTOR = ThreadsCollector

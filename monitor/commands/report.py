@@ -146,6 +146,20 @@ def _cpu(console: Console, section: dict[str, Any], limit: int) -> None:
             f"{os.path.basename(str(r.get('file')))}:{r.get('line')}",
         )
     console.print(table)
+    native = section.get("native") or []
+    if native:
+        table = Table(title="cpu: C calls inside the hottest functions (native time, measured)", header_style="bold")
+        for col in ("% of function", "seconds", "calls", "C call", "inside"):
+            table.add_column(col, justify="right" if col[0] in "%sc" and col != "C call" else "left")
+        for r in native[:limit]:
+            table.add_row(
+                _pct(r.get("pct_of_function")),
+                _num(r.get("seconds"), "{:.3f}"),
+                _num(r.get("calls")),
+                str(r.get("callee")),
+                f"{r.get('function')} ({os.path.basename(str(r.get('file')))}:{r.get('line')})",
+            )
+        console.print(table)
 
 
 def _threads(console: Console, section: dict[str, Any], limit: int) -> None:

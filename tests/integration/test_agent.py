@@ -97,7 +97,7 @@ def test_budget_holds_with_no_monitor_at_all():
         elapsed = time.monotonic() - a.guard.started
         # The guard's ledger, not a timing guess: spend stays within the budget
         # up to the one operation in flight when we look.
-        assert a.guard.spent_s <= 0.01 * elapsed + a.max_op_s
+        assert a.guard.spent_s <= 0.01 * elapsed + a.max_op_s, (elapsed, a.max_op_s, a.guard.spent_by, a.proflets_off)
         # it kept sampling, and keeps the counts for a monitor to come
         # (taken: the ticker's queue included, drained into counts when reports go)
         assert a.samples_taken > 20 and sum(a.counts.values()) >= a.samples_in_window

@@ -7,13 +7,14 @@
 from __future__ import annotations
 
 import sys
+import types
 from types import CodeType
 
 import pytest
 
 from agent import _fastsample
 from agent.proflet import DetailContext
-from proflets.cpu import CpuCollector, PyCallCounter, call_counter
+from proflets.cpu import CpuAnalyzer, CpuCollector, PyCallCounter, call_counter
 
 
 def hot(x: int) -> int:
@@ -122,3 +123,63 @@ def test_the_c_counter_refuses_bad_codes() -> None:
     with pytest.raises(ValueError, match="at most 16"):
         _fastsample.CallCounter([hot.__code__] * 17)
     assert isinstance(call_counter([hot.__code__]), _fastsample.CallCounter)
+
+
+def sorts(data: list[int], rounds: int) -> int:
+    n = 0
+    for _ in range(rounds):
+        n += len(sorted(data))
+    return n
+
+
+def test_a_native_burst_times_the_c_calls_of_each_candidate() -> None:
+    collector = CpuCollector()
+    collector.explicit = True
+    collector._bursts = 1  # native time comes with the line counts
+    data = list(range(20_000, 0, -1))
+    collector.start_detail(DetailContext([sorts.__code__], 1.0))
+    sorts(data, 40)
+    result = collector.stop_detail()
+    collector.close()
+    if sys.version_info < (3, 12):
+        assert "native" not in result  # yappi counts calls only
+        return
+    native = result["native"]
+    [(_, name, _, own)] = native["functions"]
+    assert name == "sorts" and own > 0
+    callees = {row[3]: row for row in native["callees"]}
+    assert callees["builtins.sorted"][4] == 40 and callees["builtins.len"][4] == 40
+    # sorting 20,000 numbers is nearly all of sorts()'s time, and never more than all of it
+    assert 0.5 * own < callees["builtins.sorted"][5] <= own
+    assert callees["builtins.len"][5] < 0.1 * own
+    assert result["slowdown_s"] > 0  # the events are charged
+
+
+def test_the_analyzer_says_which_c_call_takes_a_function_s_time() -> None:
+    analyzer = CpuAnalyzer(session=types.SimpleNamespace(counts={}, samples=0))
+    burst = {
+        "native": {
+            "functions": [["app.py", "handle", 10, 2.0], ["app.py", "other", 30, 1.0]],
+            "callees": [
+                ["app.py", "handle", 10, "_json.scanstring", 500, 1.2],
+                ["app.py", "handle", 10, "builtins.len", 500, 0.01],
+                ["app.py", "other", 30, "time.sleep", 3, 0.1],
+            ],
+        }
+    }
+    analyzer.merge_detail(burst)
+    analyzer.merge_detail(burst)  # a second burst adds up
+    rows = analyzer.native_rows()
+    assert [r["callee"] for r in rows] == ["_json.scanstring", "time.sleep", "builtins.len"]
+    assert rows[0]["calls"] == 1000 and rows[0]["pct_of_function"] == pytest.approx(60.0)
+    assert rows[1]["pct_of_function"] == pytest.approx(10.0)
+    # in words, only what takes a large share of its function
+    assert analyzer.findings() == [
+        "_json.scanstring inside handle() is 60% of handle()'s time (native time, 1,000 calls measured)"
+    ]
+    # through history: state, restore
+    again = CpuAnalyzer(session=None)
+    again.restore(analyzer.state())
+    assert again.native_rows() == rows
+    analyzer.merge_detail({"native": {"callees": [["x"]]}})  # malformed: ignored
+    assert analyzer.native_rows() == rows
