@@ -63,9 +63,11 @@ def _check_threads(report: dict[str, object]) -> None:
     for i in range(3):
         spin = threads[f"spin-{i}"]
         # Three threads want the CPU and the GIL lets one run at a time: each
-        # runs about a third of the time and waits for the GIL the rest.
+        # runs at most about a third of the time (less when the machine is
+        # busy: 9% once under a loaded CI run) and waits for the GIL the rest.
         assert spin["gil_pct"] > 30, spin
-        assert 10 < spin["run_pct"] < 60, spin
+        assert 2 < spin["run_pct"] < 60, spin
+        assert spin["run_pct"] + spin["gil_pct"] > 95, spin
         assert spin["block_pct"] + spin["sleep_pct"] + spin["io_pct"] < 5, spin
 
 
