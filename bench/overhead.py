@@ -651,6 +651,8 @@ def machine_info(python: str) -> dict[str, Any]:
         "platform": platform.platform(),
         "load_avg_at_start": os.getloadavg(),
         "dyper_commit": commit.stdout.strip(),
+        # the agents' proflets (inherited by every run): unset means the agent's default
+        "dyper_proflets": os.environ.get("DYPER_PROFLETS", "(default)"),
     }
 
 
@@ -666,7 +668,8 @@ def print_report(result: dict[str, Any], budgets: list[str | None], workloads: l
     print()
     print(
         f"dyper overhead: medians of {s['repeats']} interleaved runs per cell. Machine: {m['cpu_model']}, "
-        f"{m['cores']} cores, CPython {m['python']}, {m['platform']}, dyper {m['dyper_commit']}"
+        f"{m['cores']} cores, CPython {m['python']}, {m['platform']}, dyper {m['dyper_commit']}, "
+        f"proflets {m.get('dyper_proflets', '(default)')}"
     )
     print()
     print("actual overhead (slowdown against no agent), %: median (min vs min); * = median above the budget target")
