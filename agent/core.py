@@ -27,6 +27,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from types import FrameType
 from typing import Any, Final
 
@@ -259,6 +260,8 @@ class Agent:
         #: samples whose leaves were not all decided when taken (leaf tuples):
         #: counted into _activity once flag_leaves has decided them
         self._pending: list[tuple[int, ...]] = []
+        #: per collector: its basic_cost_s() already charged
+        self._basic_charged: dict[str, float] = {}
         #: CPU seconds of one-time start-up work on the sampler thread (loading the proflets)
         self.startup_s = 0.0
         #: calibrated costs per detailing proflet (the collectors that detail)
@@ -738,7 +741,13 @@ class Agent:
         self._window_costs["detail"] += fixed - burst.fixed_s + slowdown
         self._accounted_s += fixed - burst.fixed_s
         self.max_op_s = max(self.max_op_s, fixed - burst.fixed_s)
-        self.proflet_costs[name] = calibrate(self.proflet_costs[name], BurstCost(fixed, slowdown, length))
+        costs = calibrate(self.proflet_costs[name], BurstCost(fixed, slowdown, length))
+        floor = result.get("ovhd_ms")
+        if isinstance(floor, int | float) and floor > costs.ovhd_ms:
+            # The collector knows its fixed cost better than an average: a
+            # stop-the-world scan plans for the worst one seen (heap), not the mean.
+            costs = replace(costs, ovhd_ms=float(floor))
+        self.proflet_costs[name] = costs
         self.scheduler.finished(name, self.clock())
         self.bursts_total += 1
         result.update({"proflet": name, "t": time.time(), "fixed_s": fixed, "slowdown_s": slowdown})
@@ -954,6 +963,8 @@ class Agent:
         }
         if self._on_report:
             body["data"] = self._collector_data(now - self._window_start)
+            # with the always-on hooks' cost, charged just now
+            body["costs"] = dict(self._window_costs)
         sent = self._send(sock, protocol.REPORT, body)
         if sent:
             self._cool()
@@ -992,11 +1003,18 @@ class Agent:
         for collector in list(self._on_report):
             try:
                 out = collector.report(ctx)
+                basic = collector.basic_cost_s()
             except Exception as exc:
                 self._switch_off(collector.name, exc)
                 continue
             if out is not None:
                 data[collector.name] = out
+            # Always-on hooks on the application's threads: charged as they grow.
+            grew = basic - self._basic_charged.get(collector.name, 0.0)
+            if grew > 0:
+                self._basic_charged[collector.name] = basic
+                self._window_costs["basic"] = self._window_costs.get("basic", 0.0) + grew
+                self.guard.charge(grew, self.clock(), "basic")
         return data
 
     def _proflet_states(self) -> dict[str, dict[str, Any]]:

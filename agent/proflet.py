@@ -93,6 +93,15 @@ class Collector:
         """Data for this window's report (plain msgpack-able data), or None for nothing."""
         return None
 
+    def basic_cost_s(self) -> float:
+        """Seconds this collector's always-on hooks have cost the application's threads so far.
+
+        For work outside bursts that does not run on the agent's thread (a
+        ``gc.callbacks`` entry runs in whichever thread collects): cumulative,
+        measured or calibrated; the agent charges the growth at each report.
+        """
+        return 0.0
+
     #: False when the collector runs because every registered proflet does by
     #: default, True when the user named it (set by the agent when loading)
     explicit: bool = True
@@ -112,7 +121,13 @@ class Collector:
         return 0.0
 
     def stop_detail(self) -> dict[str, Any]:
-        """End the burst: remove every hook and return its results (plain msgpack-able data)."""
+        """End the burst: remove every hook and return its results (plain msgpack-able data).
+
+        Keys the agent reads: ``slowdown_s`` (what the hooks cost the
+        application, measured), ``length_s``, and ``ovhd_ms``, a floor for
+        the planned fixed cost when an average would under-plan (a
+        stop-the-world scan plans for the worst one seen).
+        """
         return {}
 
     def close(self) -> None:

@@ -22,7 +22,15 @@ from types import ModuleType
 from typing import Final
 
 GROUP: Final = "dyper.proflets"
-BUILTINS: Final = {"cpu": "proflets.cpu", "threads": "proflets.threads", "timing": "proflets.timing"}
+BUILTINS: Final = {
+    "cpu": "proflets.cpu",
+    "threads": "proflets.threads",
+    "timing": "proflets.timing",
+    "heap": "proflets.heap",
+    "io": "proflets.io",
+    "memory": "proflets.memory",
+    "memory_stacks": "proflets.memory_stacks",
+}
 
 
 def available() -> dict[str, str]:

@@ -127,8 +127,15 @@ def render(report: dict[str, Any], console: Console, limit: int = 20) -> None:
         _threads(console, sections["threads"], limit)
     if "timing" in sections:
         _timing(console, sections["timing"], limit)
+    if "heap" in sections:
+        _heap(console, sections["heap"], limit)
+    if "io" in sections:
+        _io(console, sections["io"], limit)
+    for name in ("memory", "memory_stacks"):
+        if name in sections:
+            _memory(console, name, sections[name], limit)
     for name, section in sections.items():
-        if name not in ("cpu", "threads", "timing"):
+        if name not in ("cpu", "threads", "timing", "heap", "io", "memory", "memory_stacks"):
             _generic(console, name, section, limit)
 
 
@@ -195,6 +202,131 @@ def _timing(console: Console, section: dict[str, Any], limit: int) -> None:
     table.add_column("CPU s", justify="right")
     for r in section.get("threads", [])[:limit]:
         table.add_row(str(r["name"]), f"{r['cpu_s']:.2f}")
+    console.print(table)
+
+
+def _bytes(v: Any) -> str:
+    if not isinstance(v, int | float):
+        return "-"
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(v) < 1000 or unit == "GB":
+            return f"{v:,.0f} {unit}" if unit == "B" else f"{v:,.1f} {unit}"
+        v /= 1000.0
+    return "-"
+
+
+def _heap(console: Console, section: dict[str, Any], limit: int) -> None:
+    """The last census: objects by type, largest first, suspects marked."""
+    if not section.get("censuses"):
+        console.print(f"[bold]heap:[/] {section.get('skip_reason') or section.get('note') or 'no census'}")
+        return
+    console.print(
+        f"[bold]heap:[/] {_num(section.get('objects'))} objects, {_bytes(section.get('bytes'))} in "
+        f"{_num(section.get('types_seen'))} types at the last of {section['censuses']} censuses "
+        f"(census {_num(section.get('scan_ms'), '{:.0f}')} ms, worst {_num(section.get('worst_scan_ms'), '{:.0f}')}"
+        f" ms; maximum pause {_num(section.get('max_pause_ms'), '{:.0f}')} ms)"
+    )
+    if section.get("skip_reason"):
+        console.print(f"  {section['skip_reason']}")
+    table = Table(title="heap: live objects by type (tracked by the GC)", header_style="bold")
+    for col in ("type", "count", "bytes", "growth/min", "leak?"):
+        table.add_column(col, justify="left" if col in ("type", "leak?") else "right")
+    rows = section.get("types", [])
+    shown = rows[:limit] + [r for r in rows[limit:] if r.get("suspect_leak")]
+    for r in shown:
+        table.add_row(
+            str(r["type"]),
+            _num(r.get("count")),
+            _bytes(r.get("bytes")),
+            _num(r.get("growth_per_min"), "{:+,.0f}"),
+            f"[red]leak? ({r.get('censuses_growing')} censuses)[/]" if r.get("suspect_leak") else "",
+        )
+    console.print(table)
+
+
+def _kb_per_s(v: Any) -> str:
+    return _num(v / 1000.0 if isinstance(v, int | float) else None, "{:,.1f}") + " kB/s"
+
+
+def _io(console: Console, section: dict[str, Any], limit: int) -> None:
+    console.print(
+        f"[bold]io:[/] {_pct(section.get('io_pct'))}% of the threads' time in I/O; read "
+        f"{_kb_per_s(section.get('read_bytes_per_s'))}, written {_kb_per_s(section.get('write_bytes_per_s'))}"
+        " (by read/write calls: files, pipes; not a socket's recv/send)"
+    )
+    if section.get("note"):
+        console.print(f"  {section['note']}")
+    title = "io: routines (% of all threads' time) and the application routine calling them"
+    table = Table(title=title, header_style="bold")
+    for col in ("%", "routine", "caller", "where", "threads", "calls/s", "ms/call"):
+        table.add_column(col, justify="right" if col in ("%", "calls/s", "ms/call") else "left")
+    for r in section.get("routines", [])[:limit]:
+        per_call = r.get("s_per_call")
+        table.add_row(
+            _pct(r.get("pct")),
+            str(r.get("routine")),
+            str(r.get("caller")),
+            f"{os.path.basename(str(r.get('caller_file')))}:{r.get('caller_line')}",
+            ", ".join(r.get("threads") or [])[:40],
+            _num(r.get("calls_per_s"), "{:,.1f}"),
+            _num(per_call * 1000.0 if isinstance(per_call, int | float) else None, "{:,.2f}"),
+        )
+    console.print(table)
+    table = Table(title="io: per thread (% of its time)", header_style="bold")
+    for col in ("thread", "io %", "busiest routine", "caller", "read", "written"):
+        table.add_column(col, justify="right" if col in ("io %", "read", "written") else "left")
+    for r in section.get("threads", [])[:limit]:
+        table.add_row(
+            str(r.get("name")),
+            _pct(r.get("io_pct")),
+            str(r.get("routine") or ""),
+            str(r.get("caller") or ""),
+            _kb_per_s(r.get("read_bytes_per_s")),
+            _kb_per_s(r.get("write_bytes_per_s")),
+        )
+    console.print(table)
+
+
+def _memory(console: Console, name: str, section: dict[str, Any], limit: int) -> None:
+    """GC pauses by the line that triggered them; allocation sites (memory_stacks: with their callers)."""
+
+    def where(r: dict[str, Any]) -> str:
+        return f"{os.path.basename(str(r['file']))}:{r['line']}" if r.get("file") else ""
+
+    gc = section.get("gc")
+    if gc is not None:
+        n = gc.get("collections") or [0, 0, 0]
+        console.print(
+            f"[bold]memory:[/] RSS {_bytes(section.get('rss_bytes'))}; collections {n[0]:,} / {n[1]:,} / {n[2]:,}"
+            f" (generations 0 / 1 / 2); GC paused {_num(gc.get('pause_total_s'), '{:.3f}')} s,"
+            f" {_pct(gc.get('pause_pct'))}% of the time"
+        )
+        table = Table(title="memory: GC pauses by the line that triggered them", header_style="bold")
+        for col in ("pause s", "pause %", "gen 0/1/2", "function", "where"):
+            table.add_column(col, justify="left" if col in ("function", "where") else "right")
+        for r in (gc.get("pauses_by_site") or [])[:limit]:
+            gens = "/".join(_num(x) for x in r.get("generations") or ())
+            table.add_row(
+                _num(r.get("pause_s"), "{:.3f}"), _pct(r.get("pause_pct")), gens, str(r.get("function")), where(r)
+            )
+        console.print(table)
+    sites = section.get("sites") or []
+    if not sites:
+        console.print(f"[dim]{name}: no allocation sites yet (no detailing burst)[/]")
+        return
+    table = Table(
+        title=f"{name}: allocation sites (blocks alive at the end of {section.get('bursts')} bursts,"
+        f" {_num(section.get('burst_s'), '{:.1f}')} s traced)",
+        header_style="bold",
+    )
+    for col in ("bytes/s", "blocks/s", "bytes %", "function", "where", *(("called from",) if name != "memory" else ())):
+        table.add_column(col, justify="left" if col in ("function", "where", "called from") else "right")
+    for r in sites[:limit]:
+        callers = " < ".join(f"{c['function'] or '?'} ({where(c)})" for c in (r.get("stack") or [])[:3])
+        table.add_row(
+            _bytes(r.get("bytes_per_s")), _num(r.get("count_per_s")), _pct(r.get("bytes_pct")),
+            str(r.get("function") or "?"), where(r), *((callers,) if name != "memory" else ()),
+        )  # fmt: skip
     console.print(table)
 
 

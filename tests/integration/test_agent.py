@@ -8,6 +8,7 @@ import time
 import pytest
 
 import agent
+from agent.proflet import Collector
 from tests.integration.conftest import free_port, wait_for
 
 
@@ -138,3 +139,34 @@ def test_sampler_loop_sleeps_between_samples_and_never_spins(monkeypatch, profle
         agent.stop()
     assert samples > 20
     assert len(zero_polls) < 20, f"{len(zero_polls)} zero-timeout polls for {samples} samples"
+
+
+class _Hooked(Collector):
+    """A collector whose always-on hook costs the application a known 2 ms per report."""
+
+    name = "hooked"
+
+    def __init__(self) -> None:
+        self.reports = 0
+
+    def report(self, ctx):  # type: ignore[no-untyped-def]
+        self.reports += 1
+        return {"n": self.reports}
+
+    def basic_cost_s(self) -> float:
+        return 0.002 * self.reports
+
+
+def test_always_on_hook_costs_are_charged_and_reported(monitor_thread):
+    hooked = _Hooked()
+    agent.start(monitor_thread.endpoint, "5%", proflets=(hooked,))
+    try:
+        m = monitor_thread.monitor
+        wait_for(lambda: hooked.reports >= 3, what="three reports")
+        a = agent._agent
+        assert a is not None
+        # every report's growth charged, as the ledger line "basic"
+        assert a.guard.spent_by["basic"] == pytest.approx(hooked.basic_cost_s(), abs=0.0021)
+        wait_for(lambda: m.session_for(os.getpid()).costs.get("basic", 0.0) >= 0.004, what="basic in the costs")
+    finally:
+        agent.stop()

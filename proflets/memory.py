@@ -1,0 +1,935 @@
+"""The memory proflet: memory size, garbage collections and allocation sites (DYPER section 5.3).
+
+Basic analysis, at every report: the resident set size, collections per
+generation (``gc.get_stats``), and every collection's pause, timed by a
+``gc.callbacks`` callback and charged to the code that triggered it: the
+line the collecting thread was running when the collection started (an
+allocation past the threshold, or a ``gc.collect()`` call). This is "GC cost
+by allocation site", the Python counterpart of Paradyn-J's object-creation
+overhead per method. The callback runs in the application's threads at
+every collection, so it does the least it can: two clock reads, the calling
+frame's code and line as the key, a few increments in a bounded table.
+
+Detailing, in two modes scheduled as two proflets as DYPER does: this one
+traces allocations with one frame (the allocating line, cheap), and
+``memory_stacks`` (:mod:`proflets.memory_stacks`) with several frames (the
+line and its callers, costly, so the scheduler runs it less often). Both use
+tracemalloc for a burst: count and bytes per site of the blocks allocated
+during the burst and still alive at its end, extrapolated to rates.
+tracemalloc only knows live blocks, so temporaries freed within the burst
+are not seen; their churn shows in the basic analysis, as young collections
+charged to the line that allocates them. tracemalloc is off again after
+each burst; if the application traces already, its tracing is left alone
+and the burst is skipped (with the reason in the report).
+
+Priority, as DYPER's: from how much GC counts and memory change over the
+last 50 reports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import sys
+import time
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from types import CodeType, FunctionType, ModuleType
+from typing import Any, ClassVar
+
+from agent.proflet import Collector, DetailContext, ReportContext
+from proflets.base import Analyzer, ReportView, Status, confidence_of
+
+#: dyper's own code (agent, proflets, monitor), whose allocations and
+#: collections are not the application's sites.
+OWN_DIRS = tuple(
+    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), pkg) + os.sep
+    for pkg in ("agent", "proflets", "monitor")
+)
+
+#: Sites the GC table keeps in the target; past it, new sites share one row.
+MAX_GC_SITES = 500
+#: Sites a burst reports (by bytes); the rest are summed in one row.
+MAX_BURST_SITES = 50
+#: A burst ends early once tracemalloc holds this much: reading the traces
+#: holds the GIL about 1.7 us per trace (300k traces: 0.5 s), and 2 MB of
+#: tracemalloc's tables hold some 30k traces (50 ms).
+MAX_TRACE_MEMORY = 2 << 20
+#: Reports the priority looks back over (DYPER: "the last fifty reports").
+PRIORITY_REPORTS = 50
+#: Factor on the calibrated cost of one GC callback (see GcWatch).
+CALLBACK_COST_MARGIN = 1.25
+
+# Keys of the GC table that are not a line of code.
+DYPER = "(dyper)"
+NO_FRAME = "(no Python frame)"
+OTHER = "(other sites)"
+
+
+def rss_bytes() -> int:
+    """The resident set size now (Linux), or the peak where /proc is missing."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def _best_of(runs: int, fn: Callable[[], object]) -> float:
+    best = float("inf")
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+# --- agent half: the basic analysis -----------------------------------------------------
+
+
+def gc_callback(sites: dict[Any, list[float]], own: tuple[str, ...]) -> tuple[Callable[[str, Any], None], list[Any]]:
+    """A ``gc.callbacks`` callback charging each collection's pause to the line that triggered it.
+
+    ``sites``: (code, line, file) or one of DYPER, NO_FRAME, OTHER -> [gen0, gen1,
+    gen2 collections, seconds paused]. Returns the callback and its state:
+    [key of the collection in progress, its start, collections seen].
+    """
+    state: list[Any] = [None, 0.0, 0]
+    getframe = sys._getframe
+    clock = time.perf_counter
+
+    def on_gc(phase: str, info: Any) -> None:
+        try:
+            if phase == "start":
+                try:
+                    # The frame running when the collection started: the callback is called from C.
+                    frame = getframe(1)
+                except ValueError:
+                    state[0] = NO_FRAME
+                else:
+                    code = frame.f_code
+                    file = code.co_filename
+                    # The file too: code objects that differ only in it compare equal.
+                    state[0] = DYPER if file.startswith(own) else (code, frame.f_lineno, file)
+                state[1] = clock()
+                return
+            pause = clock() - state[1]
+            key = state[0]
+            if key is None:  # installed while a collection ran: its start was not seen
+                return
+            state[0] = None
+            row = sites.get(key)
+            if row is None:
+                if len(sites) >= MAX_GC_SITES:
+                    key = OTHER
+                    row = sites.get(key)
+                if row is None:
+                    row = sites[key] = [0, 0, 0, 0.0]
+            row[info["generation"]] += 1
+            row[3] += pause
+            state[2] += 1
+        except Exception:  # nothing may reach the collection: it would print as unraisable
+            pass
+
+    return on_gc, state
+
+
+def _young_collections(n: int) -> None:
+    for _ in range(n):
+        gc.collect(0)
+
+
+def calibrate_callback() -> float:
+    """Seconds one collection's two callback calls cost the thread that collects, measured here.
+
+    Young collections with and without the callback (on a scratch table,
+    taking the same path an application line does), best of three; the
+    difference includes the info dict the collector builds only when there
+    are callbacks.
+    """
+    scratch: dict[Any, list[float]] = {}
+    callback, _ = gc_callback(scratch, ())
+    n = 200
+    plain = _best_of(3, lambda: _young_collections(n))
+    gc.callbacks.append(callback)
+    try:
+        hooked = _best_of(3, lambda: _young_collections(n))
+    finally:
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(callback)
+    return CALLBACK_COST_MARGIN * max(0.0, hooked - plain) / n
+
+
+def _site_of(key: Any) -> tuple[str, int, str]:
+    if isinstance(key, str):
+        return ("", 0, key)
+    code, line, file = key
+    return (file, int(line or 0), code.co_qualname)
+
+
+class GcWatch:
+    """Collections, pauses and the sites that triggered them, since it was installed.
+
+    Cumulative, so a report that never arrives loses nothing of the totals;
+    a site's row is sent when it changed since the last report.
+    """
+
+    def __init__(self) -> None:
+        #: calibrated seconds the callback costs the collecting thread, per collection
+        self.callback_cost_s = calibrate_callback()
+        # After the calibration, whose collections are ours.
+        self._base = [(s["collections"], s["collected"], s["uncollectable"]) for s in gc.get_stats()]
+        self._sites: dict[Any, list[float]] = {}
+        self._callback, self._state = gc_callback(self._sites, OWN_DIRS)
+        self._sent: dict[tuple[str, int, str], tuple[float, ...]] = {}
+        gc.callbacks.append(self._callback)
+
+    def read(self) -> dict[str, Any]:
+        stats = gc.get_stats()
+        gens = [
+            [s["collections"] - b[0], s["collected"] - b[1], s["uncollectable"] - b[2]]
+            for s, b in zip(stats, self._base, strict=False)
+        ]
+        # A copy first: a collection in this thread or another may add a site while we read.
+        table = self._sites.copy()
+        by_site: dict[tuple[str, int, str], list[float]] = {}
+        pause = 0.0
+        for key, row in table.items():
+            site = _site_of(key)
+            total = by_site.setdefault(site, [0, 0, 0, 0.0])
+            for i in range(4):
+                total[i] += row[i]
+            pause += row[3]
+        changed = []
+        for site, total in by_site.items():
+            values = tuple(total)
+            if self._sent.get(site) != values:
+                self._sent[site] = values
+                changed.append([*site, *values])
+        callbacks = int(self._state[2])
+        return {
+            "gc": gens,
+            "pause_s": pause,
+            "callbacks": callbacks,
+            "callback_s": callbacks * self.callback_cost_s,
+            "sites": changed,
+        }
+
+    def close(self) -> None:
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(self._callback)
+
+
+# --- agent half: detailing, shared with memory_stacks -----------------------------------
+
+
+def _codes_of(module: ModuleType) -> list[CodeType]:
+    """Code objects of a module's functions, methods and what they define inside."""
+    found: list[CodeType] = []
+    seen: set[int] = set()
+
+    def add(obj: object, depth: int = 0) -> None:
+        if id(obj) in seen or depth > 8:
+            return
+        seen.add(id(obj))
+        for _ in range(10):  # decorators that kept the original (functools.wraps)
+            inner = getattr(obj, "__wrapped__", None) if isinstance(obj, FunctionType) else None
+            if inner is None:
+                break
+            add(inner, depth + 1)
+            obj = inner
+        if isinstance(obj, FunctionType):
+            found.append(obj.__code__)
+        elif isinstance(obj, staticmethod | classmethod):
+            add(obj.__func__, depth + 1)
+        elif isinstance(obj, property):
+            for f in (obj.fget, obj.fset, obj.fdel):
+                if f is not None:
+                    add(f, depth + 1)
+        elif isinstance(obj, type) and obj.__module__ == module.__name__:
+            for v in list(vars(obj).values()):
+                add(v, depth + 1)
+
+    for value in list(vars(module).values()):
+        add(value)
+    i = 0
+    while i < len(found):
+        found.extend(c for c in found[i].co_consts if isinstance(c, CodeType))
+        i += 1
+    return found
+
+
+class FunctionNames:
+    """(file, line) -> qualified name of the innermost function there.
+
+    tracemalloc gives files and lines only. The names come from the code
+    objects of the loaded module with that file; "<module>" for a line
+    outside every function, "" when no loaded module has that file.
+    """
+
+    MAX_FILES = 256
+
+    def __init__(self) -> None:
+        self._spans: dict[str, list[tuple[int, int, str]] | None] = {}
+
+    def _spans_of(self, file: str) -> list[tuple[int, int, str]] | None:
+        modules = [m for m in list(sys.modules.values()) if getattr(m, "__file__", None) == file]
+        if not modules:
+            return None
+        spans = []
+        for module in modules:
+            for code in _codes_of(module):
+                if code.co_filename != file:
+                    continue
+                lines = [line for _, _, line in code.co_lines() if line is not None]
+                spans.append((min(code.co_firstlineno, *lines), max(code.co_firstlineno, *lines), code.co_qualname))
+        return spans
+
+    def __call__(self, file: str, line: int) -> str:
+        if file not in self._spans:
+            if len(self._spans) >= self.MAX_FILES:
+                self._spans.clear()
+            self._spans[file] = self._spans_of(file)
+        spans = self._spans[file]
+        if spans is None:
+            return ""
+        best, width = "<module>", sys.maxsize
+        for first, last, name in spans:
+            if first <= line <= last and last - first < width:
+                best, width = name, last - first
+        return best
+
+    def forget(self) -> None:
+        """Modules change between bursts (reloads, new imports): look again next time."""
+        self._spans.clear()
+
+
+def _churn(n: int) -> None:
+    # The cheapest statement that allocates and frees: the worst case for tracemalloc.
+    for i in range(n):
+        _ = [i]
+
+
+_live: weakref.WeakSet[AllocationSites] = weakref.WeakSet()
+_fork_handler = False
+
+
+def _after_fork_in_child() -> None:
+    # The child has the parent's hooks but not its agent thread: nothing
+    # would ever remove them. A new agent in the child installs its own.
+    for collector in list(_live):
+        with contextlib.suppress(Exception):
+            collector.close()
+
+
+class AllocationSites(Collector):
+    """Allocation sites for a burst, through tracemalloc with NFRAME frames.
+
+    The slowdown is calibrated, then charged pessimistically: tracemalloc
+    hooks every allocation and free in every thread, and nothing counts
+    them, so a burst is charged as if all the CPU time the application used
+    during it went to allocating: that time times (1 - 1/F), F being how
+    many times slower the cheapest allocating statement runs under tracing
+    (measured here once, at the first burst: 10 to 20 with one frame, 70 to
+    300 with eight, from the agent's thread).
+    """
+
+    DETAILS = True
+    #: frames per traceback
+    NFRAME: ClassVar[int] = 1
+    # tracemalloc slows allocation, and so what cpu's call counts and io's
+    # timings would see; threads and timing measure the kernel's figures.
+    ALLOWS: ClassVar[frozenset[str]] = frozenset({"threads", "timing"})
+
+    def __init__(self) -> None:
+        global _fork_handler
+        self._names = FunctionNames()
+        #: how many times slower allocation runs under our tracing (None: not measured yet)
+        self._factor: float | None = None
+        #: True while the tracing is ours (we started it and must stop it)
+        self._ours = False
+        self._running = False
+        self._result: dict[str, Any] | None = None
+        self._started = 0.0
+        self._app_cpu0 = 0.0
+        self._lost_s = 0.0
+        _live.add(self)
+        if not _fork_handler:
+            # Once per process: os.register_at_fork cannot be undone.
+            os.register_at_fork(after_in_child=_after_fork_in_child)
+            _fork_handler = True
+
+    def unavailable(self) -> str | None:
+        try:
+            import tracemalloc  # noqa: F401
+        except ImportError:
+            return "tracemalloc is not importable in the target"
+        return None
+
+    @staticmethod
+    def _app_cpu() -> float:
+        # Hooks run on the sampler thread, whose own time the agent charges already.
+        return time.process_time() - time.thread_time()
+
+    def _calibrate(self) -> float:
+        import tracemalloc
+
+        # Each traced allocation costs 0.3 us (one frame) to 5 us (eight): a short loop is enough.
+        n = 2000
+        plain = _best_of(3, lambda: _churn(n))
+        tracemalloc.start(self.NFRAME)
+        try:
+            hooked = _best_of(3, lambda: _churn(n))
+        finally:
+            tracemalloc.stop()
+        return max(1.0, hooked / plain) if plain > 0 else 1.0
+
+    def start_detail(self, ctx: DetailContext) -> None:
+        import tracemalloc
+
+        self._result, self._lost_s = None, 0.0
+        self._ours = False
+        if tracemalloc.is_tracing():
+            # The application's tracing (or another tool's) is left as it is.
+            # Its traces hold everything since it began (dyper's agent adds
+            # some 50k when it attaches), with its frames: reading them would
+            # stop the application for about a second, and could only tell
+            # what grew, not what was allocated.
+            self._result = {"skipped": "the application traces allocations itself (tracemalloc): left alone"}
+        else:
+            if self._factor is None:
+                self._factor = self._calibrate()
+            tracemalloc.start(self.NFRAME)
+            self._ours = True
+        self._running = True
+        self._started = time.perf_counter()
+        self._app_cpu0 = self._app_cpu()
+
+    def _stop_tracing(self) -> None:
+        if self._ours:
+            self._ours = False
+            import tracemalloc
+
+            tracemalloc.stop()
+
+    def _charge(self) -> None:
+        if not self._ours:
+            return  # nothing of ours slowed the application
+        # Monotonic: the agent charges what it has not charged yet.
+        lost = (self._app_cpu() - self._app_cpu0) * (1.0 - 1.0 / (self._factor or 1.0))
+        self._lost_s = max(self._lost_s, lost)
+
+    def slowdown_s(self) -> float:
+        if self._running and self._ours:
+            self._charge()
+            import tracemalloc
+
+            if tracemalloc.get_tracemalloc_memory() > MAX_TRACE_MEMORY:
+                self._finish()  # bound what reading the traces costs, and what tracing holds
+        return self._lost_s
+
+    def _finish(self) -> None:
+        """End the tracing and keep its sites (the burst may go on until the agent stops it)."""
+        import tracemalloc
+
+        if not self._running:
+            return
+        self._running = False
+        length = time.perf_counter() - self._started
+        if self._result is not None:  # skipped at the start
+            self._result["length_s"] = length
+            return
+        self._charge()
+        if not tracemalloc.is_tracing():
+            self._ours = False  # the application stopped it under us: nothing of ours to stop
+            self._result = {"length_s": length, "skipped": "tracemalloc was stopped during the burst"}
+            return
+        traces = _raw_traces()
+        limit = tracemalloc.get_traceback_limit()
+        self._stop_tracing()
+        self._result = self._rows(self._aggregate(traces, limit), length)
+        self._result["nframe"] = min(self.NFRAME, limit)
+        self._result["factor"] = self._factor
+
+    def _aggregate(self, traces: Iterable[tuple[Any, ...]], limit: int) -> dict[tuple[Any, ...], list[int]]:
+        """(count, bytes) per traceback (newest frame first, NFRAME frames at most)."""
+        n = min(self.NFRAME, limit)
+        out: dict[tuple[Any, ...], list[int]] = {}
+        for trace in traces:
+            key = trace[2][:n]
+            row = out.get(key)
+            if row is None:
+                out[key] = [1, trace[1]]
+            else:
+                row[0] += 1
+                row[1] += trace[1]
+        return out
+
+    def _rows(self, by_traceback: Mapping[tuple[Any, ...], list[int]], length: float) -> dict[str, Any]:
+        own = [0, 0]
+        other = [0, 0]
+        mine: list[tuple[tuple[Any, ...], list[int]]] = []
+        for tb, (count, size) in by_traceback.items():
+            if not tb or tb[0][0].startswith(OWN_DIRS):
+                own[0] += count
+                own[1] += size
+            else:
+                mine.append((tb, [count, size]))
+        mine.sort(key=lambda kv: -kv[1][1])
+        for _, (count, size) in mine[MAX_BURST_SITES:]:
+            other[0] += count
+            other[1] += size
+        self._names.forget()
+        sites = []
+        for tb, (count, size) in mine[:MAX_BURST_SITES]:
+            file, line = tb[0]
+            # "<unknown>": tracemalloc saw no Python frame (a thread starting, C code on its own).
+            name = NO_FRAME if file == "<unknown>" else self._names(file, line)
+            row: list[Any] = [file, line, name, count, size]
+            if self.NFRAME > 1:
+                row.append([[f, ln, self._names(f, ln)] for f, ln in tb[1:]])
+            sites.append(row)
+        return {"length_s": length, "sites": sites, "dyper": own, "other": other}
+
+    def stop_detail(self) -> dict[str, Any]:
+        self._finish()
+        result = self._result if self._result is not None else {"length_s": 0.0, "skipped": "no burst"}
+        result.setdefault("sites", [])
+        result["slowdown_s"] = self._lost_s
+        self._result = None
+        return result
+
+    def close(self) -> None:
+        self._running = False
+        self._stop_tracing()
+        _live.discard(self)
+
+
+def _raw_traces() -> list[tuple[Any, ...]]:
+    """tracemalloc's traces as plain tuples: (domain, size, frames newest first, total frames).
+
+    What ``tracemalloc.take_snapshot()`` wraps. Its ``statistics()`` builds a
+    Traceback object per trace: 2 to 20 seconds for 300k traces, against a
+    few tens of milliseconds to count the tuples here.
+    """
+    import tracemalloc
+
+    traces: list[tuple[Any, ...]] = tracemalloc._get_traces()  # type: ignore[attr-defined]
+    return traces
+
+
+class MemoryCollector(AllocationSites):
+    """The basic analysis (RSS, GC) at every report, and allocation sites with one frame for a burst."""
+
+    name = "memory"
+    # Measured: the first burst calibrates tracemalloc's slowdown (a few ms);
+    # each ends reading its traces: 21 to 24 ms a burst of planted_memory.py.
+    OVHD_MS = 25.0
+    # Allocation-heavy code runs about ten times slower traced with one frame:
+    # a CPU-bound process loses nine tenths of the burst.
+    SLOW = 9.0
+    # Short bursts, more often: what a burst sees is what is still alive at
+    # its end, and reading it costs in proportion.
+    ITVL_MS = 500.0
+    PRTY = 0.3
+    NFRAME = 1
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._watch: GcWatch | None = GcWatch()
+
+    def unavailable(self) -> str | None:
+        # The basic analysis needs only the gc module; a CPython without
+        # tracemalloc would fail its bursts, and the agent says so then.
+        return None
+
+    def basic_cost_s(self) -> float:
+        # the gc callback runs in the collecting thread: calibrated cost times callbacks
+        watch = self._watch
+        return int(watch._state[2]) * watch.callback_cost_s if watch is not None else 0.0
+
+    def report(self, ctx: ReportContext) -> dict[str, Any] | None:
+        if self._watch is None:
+            return None
+        data = self._watch.read()
+        data["rss"] = rss_bytes()
+        data["callback_cost_s"] = self._watch.callback_cost_s
+        return data
+
+    def close(self) -> None:
+        super().close()
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
+
+
+# --- monitor half ------------------------------------------------------------------------
+
+SiteKey = tuple[Any, ...]
+
+
+class SiteTotals:
+    """Allocation sites summed over the bursts: count and bytes, and the seconds traced."""
+
+    #: sites kept in the monitor; past it the smallest half goes
+    MAX_SITES = 2000
+
+    def __init__(self) -> None:
+        self.sites: dict[SiteKey, list[float]] = {}
+        self.burst_s = 0.0
+        self.bursts = 0
+        self.own = [0.0, 0.0]
+        #: frames per traceback, at the last burst
+        self.nframe = 0
+        #: bursts that could not trace, and the last one's reason
+        self.skipped = 0
+        self.skip_reason = ""
+        #: how many times slower the cheapest allocation ran traced, as calibrated in the target
+        self.factor = 0.0
+        #: what the bursts cost, as the agent measured: fixed (start and end) and slowdown charged
+        self.fixed_s = 0.0
+        self.slowdown_s = 0.0
+
+    def add(self, burst: Mapping[str, Any]) -> None:
+        length = float(burst.get("length_s") or 0.0)
+        self.fixed_s += float(burst.get("fixed_s") or 0.0)
+        self.slowdown_s += float(burst.get("slowdown_s") or 0.0)
+        if burst.get("skipped") or length <= 0:
+            self.skipped += 1
+            self.skip_reason = str(burst.get("skipped") or "")
+            return
+        self.burst_s += length
+        self.bursts += 1
+        self.nframe = int(burst.get("nframe") or self.nframe)
+        self.factor = float(burst.get("factor") or self.factor)
+        own = burst.get("dyper") or (0, 0)
+        self.own[0] += float(own[0])
+        self.own[1] += float(own[1])
+        for row in burst.get("sites") or ():
+            key: SiteKey = (str(row[0]), int(row[1]), str(row[2]))
+            if len(row) > 5:
+                key += (tuple((str(f), int(ln), str(fn)) for f, ln, fn in row[5]),)
+            total = self.sites.setdefault(key, [0.0, 0.0])
+            total[0] += float(row[3])
+            total[1] += float(row[4])
+        if len(self.sites) > self.MAX_SITES:
+            kept = sorted(self.sites.items(), key=lambda kv: -kv[1][1])[: self.MAX_SITES // 2]
+            self.sites = dict(kept)
+
+    def rows(self, seconds: float, limit: int = 20) -> list[dict[str, Any]]:
+        """Sites by bytes: rates over the bursts, extrapolated to ``seconds``."""
+        if self.burst_s <= 0:
+            return []
+        grand = sum(v[1] for v in self.sites.values())
+        out = []
+        for key, (count, size) in sorted(self.sites.items(), key=lambda kv: -kv[1][1])[:limit]:
+            row: dict[str, Any] = {
+                "file": key[0],
+                "line": key[1],
+                "function": key[2],
+                "count_per_s": count / self.burst_s,
+                "bytes_per_s": size / self.burst_s,
+                "count": round(count / self.burst_s * seconds),
+                "bytes": round(size / self.burst_s * seconds),
+                "bytes_pct": 100.0 * size / grand if grand else 0.0,
+            }
+            if len(key) > 3:
+                row["stack"] = [{"file": f, "line": ln, "function": fn} for f, ln, fn in key[3]]
+            out.append(row)
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """The bursts behind the rows, for a report."""
+        out: dict[str, Any] = {
+            "bursts": self.bursts,
+            "burst_s": self.burst_s,
+            "nframe": self.nframe,
+            "slowdown_factor": self.factor,
+            # per burst, skipped ones included: what the agent charged
+            "burst_fixed_ms": 1000.0 * self.fixed_s / max(1, self.bursts + self.skipped),
+            "burst_slowdown_s": self.slowdown_s / max(1, self.bursts + self.skipped),
+            "dyper_bytes_per_s": self.own[1] / self.burst_s if self.burst_s > 0 else 0.0,
+        }
+        if self.skipped:
+            out["skipped"] = self.skipped
+            out["skip_reason"] = self.skip_reason
+        return out
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "sites": [[*k[:3], [list(s) for s in k[3]] if len(k) > 3 else None, *v] for k, v in self.sites.items()],
+            "burst_s": self.burst_s,
+            "bursts": self.bursts,
+            "own": self.own,
+            "nframe": self.nframe,
+            "factor": self.factor,
+            "costs": [self.fixed_s, self.slowdown_s],
+            "skipped": [self.skipped, self.skip_reason],
+        }
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        self.sites = {}
+        for row in state.get("sites") or ():
+            key: SiteKey = (str(row[0]), int(row[1]), str(row[2]))
+            if row[3] is not None:
+                key += (tuple((str(f), int(ln), str(fn)) for f, ln, fn in row[3]),)
+            self.sites[key] = [float(row[4]), float(row[5])]
+        self.burst_s = float(state.get("burst_s") or 0.0)
+        self.bursts = int(state.get("bursts") or 0)
+        self.own = [float(x) for x in state.get("own") or (0.0, 0.0)]
+        self.nframe = int(state.get("nframe") or 0)
+        self.factor = float(state.get("factor") or 0.0)
+        self.fixed_s, self.slowdown_s = (float(x) for x in state.get("costs") or (0.0, 0.0))
+        skipped = state.get("skipped") or (0, "")
+        self.skipped, self.skip_reason = int(skipped[0]), str(skipped[1])
+
+
+GcSite = tuple[str, int, str]
+
+
+@dataclass(slots=True)
+class _Report:
+    """One report's basic figures, as differences from the report before (rss: as it was)."""
+
+    rss: int
+    collections: list[int]
+    pause_s: float
+    callback_s: float
+    window_s: float
+    sites: dict[GcSite, list[float]]
+
+
+class MemoryAnalyzer(Analyzer):
+    name = "memory"
+
+    def __init__(self, session: Any = None) -> None:
+        super().__init__(session)
+        #: last cumulative figures seen from the collector (to turn them into differences)
+        self._seen_gc: list[int] | None = None
+        self._seen_pause = 0.0
+        self._seen_callback = 0.0
+        self._seen_sites: dict[GcSite, list[float]] = {}
+        #: whole run
+        self.collections = [0, 0, 0]
+        self.pause_s = 0.0
+        self.callback_s = 0.0
+        self.callback_cost_s = 0.0
+        self.seconds = 0.0
+        self.reports = 0
+        self.gc_sites: dict[GcSite, list[float]] = {}
+        self.rss_first: int | None = None
+        self.rss_last: int | None = None
+        self.rss_max = 0
+        self.allocations = SiteTotals()
+
+    def merge(self, report: ReportView) -> None:
+        data = report.data
+        if not data:
+            return
+        gens = [int(g[0]) for g in data.get("gc") or ()][:3]
+        gens += [0] * (3 - len(gens))
+        pause, callback = float(data.get("pause_s") or 0.0), float(data.get("callback_s") or 0.0)
+        seen = self._seen_gc
+        if seen is None or any(a < b for a, b in zip(gens, seen, strict=True)) or pause < self._seen_pause:
+            # A new collector (re-attached, or a new process under the same
+            # session): its totals start from zero.
+            self._seen_gc, self._seen_pause, self._seen_callback, self._seen_sites = [0, 0, 0], 0.0, 0.0, {}
+            seen = self._seen_gc
+        delta_gc = [a - b for a, b in zip(gens, seen, strict=True)]
+        sites: dict[GcSite, list[float]] = {}
+        for row in data.get("sites") or ():
+            site: GcSite = (str(row[0]), int(row[1]), str(row[2]))
+            values = [float(v) for v in row[3:7]]
+            before = self._seen_sites.get(site)
+            if before is not None and all(a >= b for a, b in zip(values, before, strict=True)):
+                diff = [a - b for a, b in zip(values, before, strict=True)]
+            else:
+                diff = values
+            self._seen_sites[site] = values
+            if any(diff):
+                sites[site] = diff
+        row_ = _Report(
+            int(data.get("rss") or 0),
+            delta_gc,
+            pause - self._seen_pause,
+            max(0.0, callback - self._seen_callback),
+            report.window_s,
+            sites,
+        )
+        self._seen_gc, self._seen_pause, self._seen_callback = gens, pause, callback
+        self.callback_cost_s = float(data.get("callback_cost_s") or self.callback_cost_s)
+        self.rows.append((report.t, row_))
+        self.reports += 1
+        for i in range(3):
+            self.collections[i] += delta_gc[i]
+        self.pause_s += row_.pause_s
+        self.callback_s += row_.callback_s
+        self.seconds += report.window_s
+        _add_sites(self.gc_sites, sites)
+        if row_.rss:
+            if self.rss_first is None:
+                self.rss_first = row_.rss
+            self.rss_last = row_.rss
+            self.rss_max = max(self.rss_max, row_.rss)
+
+    def merge_detail(self, burst: Mapping[str, Any]) -> None:
+        self.allocations.add(burst)
+
+    def _window(self, start: float | None, end: float | None) -> tuple[list[_Report], _Report]:
+        """The window's reports and their sum (rss: the last one's)."""
+        if start is None and end is None:
+            total = _Report(
+                self.rss_last or 0, list(self.collections), self.pause_s, self.callback_s, self.seconds, self.gc_sites
+            )
+            return [r for _, r in self.rows], total
+        rows: list[_Report] = self.window_rows(start, end)
+        total = _Report(0, [0, 0, 0], 0.0, 0.0, 0.0, {})
+        for r in rows:
+            for i in range(3):
+                total.collections[i] += r.collections[i]
+            total.pause_s += r.pause_s
+            total.callback_s += r.callback_s
+            total.window_s += r.window_s
+            _add_sites(total.sites, r.sites)
+            total.rss = r.rss or total.rss
+        return rows, total
+
+    def seconds_in(self, start: float | None, end: float | None) -> float:
+        """Seconds the reports of the window cover."""
+        return self._window(start, end)[1].window_s
+
+    def results(self, start: float | None = None, end: float | None = None) -> dict[str, Any]:
+        rows, total = self._window(start, end)
+        seconds = total.window_s
+        pause = total.pause_s
+        own_pause = sum(v[3] for k, v in total.sites.items() if k[2] == DYPER)
+        app_pause = pause - own_pause
+        by_site = sorted(((k, v) for k, v in total.sites.items() if k[2] != DYPER), key=lambda kv: -kv[1][3])
+        rss = [r.rss for r in rows if r.rss]
+        if start is None and end is None and self.rss_first is not None:
+            rss = [self.rss_first, self.rss_max]  # what the history kept of the whole run
+        return {
+            "rss_bytes": total.rss or None,
+            "rss_first_bytes": rss[0] if rss else None,
+            "rss_max_bytes": max(rss) if rss else None,
+            "gc": {
+                "collections": total.collections,
+                "collections_per_s": [c / seconds if seconds > 0 else 0.0 for c in total.collections],
+                "pause_total_s": pause,
+                "pause_pct": 100.0 * pause / seconds if seconds > 0 else 0.0,
+                "pauses_by_site": [
+                    {
+                        "file": k[0],
+                        "line": k[1],
+                        "function": k[2],
+                        "collections": int(sum(v[:3])),
+                        "generations": [int(x) for x in v[:3]],
+                        "pause_s": v[3],
+                        "pause_pct": 100.0 * v[3] / app_pause if app_pause > 0 else 0.0,
+                    }
+                    for k, v in by_site[:20]
+                ],
+                "dyper_pause_s": own_pause,
+                # What the callback cost the application's threads: calibrated cost times collections.
+                "callback_cost_s": total.callback_s,
+                "callback_s_per_collection": self.callback_cost_s,
+                "callback_pct": 100.0 * total.callback_s / seconds if seconds > 0 else 0.0,
+            },
+            "sites": self.allocations.rows(seconds),
+            **self.allocations.summary(),
+            "seconds": seconds,
+            "priority": self.priority(),
+        }
+
+    def _change(self) -> tuple[float, float]:
+        """(GC activity, memory change) over the last PRIORITY_REPORTS reports, each 0-1."""
+        recent = [r for _, r in list(self.rows)[-PRIORITY_REPORTS:]]
+        seconds = sum(r.window_s for r in recent)
+        if not recent or seconds <= 0:
+            return 0.0, 0.0
+        # A collection of an older generation goes through about ten times as
+        # many objects as one of the next younger (the default thresholds).
+        weighted = sum(r.collections[0] + 10 * r.collections[1] + 100 * r.collections[2] for r in recent)
+        gc_term = min(1.0, weighted / seconds / 100.0)
+        rss = [r.rss for r in recent if r.rss]
+        # 10% up or down within the reports counts as much change as there is.
+        mem_term = min(1.0, (max(rss) - min(rss)) / min(rss) / 0.1) if len(rss) >= 2 and min(rss) > 0 else 0.0
+        return gc_term, mem_term
+
+    def priority(self) -> float | None:
+        gc_term, mem_term = self._change()
+        return min(1.0, 0.1 + 0.9 * max(gc_term, mem_term))
+
+    def _problem(self) -> float:
+        """GC pauses over 5% of the time, or memory grown by half since the first report, is all the problem."""
+        pause = min(1.0, self.pause_s / self.seconds / 0.05) if self.seconds > 0 else 0.0
+        grown = 0.0
+        if self.rss_first and self.rss_last:
+            grown = min(1.0, max(0.0, self.rss_last / self.rss_first - 1.0) / 0.5)
+        return max(pause, grown)
+
+    def status(self) -> Status:
+        return Status(self._problem(), confidence_of(self.reports, half=20))
+
+    def findings(self) -> list[str]:
+        out = []
+        if self.reports >= 5 and self.seconds > 0:
+            share = 100.0 * self.pause_s / self.seconds
+            by_site = sorted(((k, v) for k, v in self.gc_sites.items() if k[2] != DYPER), key=lambda kv: -kv[1][3])
+            if share >= 1.0 and by_site:
+                (file, line, function), v = by_site[0]
+                out.append(
+                    f"garbage collection pauses take {share:.1f}% of the time; "
+                    f"{100.0 * v[3] / self.pause_s:.0f}% of it is triggered in {function} "
+                    f"({os.path.basename(file)}:{line})"
+                )
+        if self.rss_first and self.rss_last and self.rss_last > 1.25 * self.rss_first + (20 << 20):
+            out.append(
+                f"resident memory grew from {self.rss_first / 2**20:.0f} MB to {self.rss_last / 2**20:.0f} MB "
+                f"over {self.seconds:.0f} s"
+            )
+        return out
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "collections": self.collections,
+            "pause_s": self.pause_s,
+            "callback_s": self.callback_s,
+            "callback_cost_s": self.callback_cost_s,
+            "seconds": self.seconds,
+            "reports": self.reports,
+            "gc_sites": [[*k, *v] for k, v in self.gc_sites.items()],
+            "rss": [self.rss_first, self.rss_last, self.rss_max],
+            "allocations": self.allocations.state(),
+        }
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        self.collections = [int(x) for x in state.get("collections") or (0, 0, 0)]
+        self.pause_s = float(state.get("pause_s") or 0.0)
+        self.callback_s = float(state.get("callback_s") or 0.0)
+        self.callback_cost_s = float(state.get("callback_cost_s") or 0.0)
+        self.seconds = float(state.get("seconds") or 0.0)
+        self.reports = int(state.get("reports") or 0)
+        self.gc_sites = {
+            (str(r[0]), int(r[1]), str(r[2])): [float(x) for x in r[3:7]] for r in state.get("gc_sites") or ()
+        }
+        first, last, most = state.get("rss") or (None, None, 0)
+        self.rss_first, self.rss_last, self.rss_max = first, last, int(most or 0)
+        self.allocations.restore(state.get("allocations") or {})
+
+
+def _add_sites(into: dict[GcSite, list[float]], sites: Mapping[GcSite, list[float]]) -> None:
+    for site, v in sites.items():
+        if site not in into and len(into) >= SiteTotals.MAX_SITES:
+            site = ("", 0, OTHER)
+        total = into.setdefault(site, [0.0, 0.0, 0.0, 0.0])
+        for i in range(4):
+            total[i] += v[i]
+
+
+COLLECTOR = MemoryCollector
+ANALYZER = MemoryAnalyzer
