@@ -960,8 +960,10 @@ record_snapshot(module_state *state, PyObject *counts, PyObject *locs, PyObject 
     Py_ssize_t nmemo_next = 0;
     if (s->nthreads > 0) {
         buf = PyMem_New(PyObject *, (size_t)s->max_depth);
-        leaves = PyMem_New(Py_ssize_t, (size_t)s->nthreads);
-        if (buf == NULL || leaves == NULL) {
+        if (act != NULL) {
+            leaves = PyMem_New(Py_ssize_t, (size_t)s->nthreads);
+        }
+        if (buf == NULL || (act != NULL && leaves == NULL)) {
             PyErr_NoMemory();
             goto done;
         }

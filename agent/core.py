@@ -894,7 +894,7 @@ class Agent:
                 f = f.f_back
             k = (tid, tuple(stack))
             counts[k] = counts.get(k, 0) + 1
-            if stack:
+            if activity is not None and stack:
                 leaves.append(stack[0])
         if activity is None:
             return

@@ -28,7 +28,7 @@ from types import CodeType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from agent.proflet import Collector, DetailContext
-from proflets.base import Analyzer, Status, confidence_of
+from proflets.base import Analyzer, Status, best_of, confidence_of
 
 if TYPE_CHECKING:
     from monitor.profile import Metric, Profile
@@ -147,15 +147,6 @@ def _native_calibration_target(n: int) -> int:
     for i in range(n):
         total += abs(i)
     return total
-
-
-def _best_of(runs: int, fn: Callable[[], object]) -> float:
-    best = float("inf")
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 class PyCallCounter:
@@ -318,14 +309,14 @@ class CpuCollector(Collector):
         target = _native_calibration_target if native else _calibration_target
         code = target.__code__
         n, runs = 300, 3
-        plain = _best_of(runs, lambda: target(n))
+        plain = best_of(runs, lambda: target(n))
         assert self._tool is not None
         counter = call_counter([code], native=native)
         self._register(counter, native)
         events = mon.events.PY_START | mon.events.LINE | (self._native_events() if native else 0)
         mon.set_local_events(self._tool, code, events)
         try:
-            hooked = _best_of(runs, lambda: target(n))
+            hooked = best_of(runs, lambda: target(n))
         finally:
             mon.set_local_events(self._tool, code, 0)
         per_run = max(1, int(counter.total()) // runs)
@@ -345,10 +336,10 @@ class CpuCollector(Collector):
             for _ in range(500):
                 leaf()
 
-        plain = _best_of(3, calls)
+        plain = best_of(3, calls)
         yappi.start(builtins=False, profile_threads=False)
         try:
-            hooked = _best_of(3, calls)
+            hooked = best_of(3, calls)
         finally:
             yappi.stop()
             yappi.clear_stats()

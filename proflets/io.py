@@ -41,7 +41,7 @@ import sysconfig
 import threading
 import time
 import tomllib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import CodeType
@@ -49,7 +49,7 @@ from typing import Any, ClassVar
 
 from agent.proflet import Collector, DetailContext, ReportContext
 from agent.protocol import LOC_AGENT, LOC_BLOCKING, LOC_IO
-from proflets.base import Analyzer, ReportView, Status, confidence_of
+from proflets.base import Analyzer, ReportView, Status, best_of, confidence_of
 
 # --- the resource file -------------------------------------------------------------------
 
@@ -323,15 +323,6 @@ def _calibration_target(n: int) -> int:
     for i in range(n):
         total += abs(i)  # the site: a cheap C call
     return total
-
-
-def _best_of(runs: int, fn: Callable[[], object]) -> float:
-    best = float("inf")
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 #: Factor on a calibrated per-call cost: the calibration loop is the cheapest code to hook.
@@ -623,11 +614,11 @@ class IoCollector(Collector):
         offsets, _ = _instructions(code)
         offset = next(o for o in offsets if callee_name(code, o) == "abs")
         n = 300
-        plain = _best_of(3, lambda: _calibration_target(n))
+        plain = best_of(3, lambda: _calibration_target(n))
         self._register(SiteCounter([Site(code, offset, "abs", "abs", None)]))
         mon.set_local_events(self._tool, code, mon.events.CALL)
         try:
-            hooked = _best_of(3, lambda: _calibration_target(n))
+            hooked = best_of(3, lambda: _calibration_target(n))
         finally:
             mon.set_local_events(self._tool, code, 0)
             self._register(None)
@@ -650,10 +641,10 @@ class IoCollector(Collector):
         import yappi
 
         n = 300
-        plain = _best_of(3, lambda: _calibration_target(n))
+        plain = best_of(3, lambda: _calibration_target(n))
         yappi.start(builtins=True, profile_threads=False)
         try:
-            hooked = _best_of(3, lambda: _calibration_target(n))
+            hooked = best_of(3, lambda: _calibration_target(n))
         finally:
             yappi.stop()
             yappi.clear_stats()

@@ -40,7 +40,7 @@ from types import CodeType, FunctionType, ModuleType
 from typing import Any, ClassVar
 
 from agent.proflet import Collector, DetailContext, ReportContext
-from proflets.base import Analyzer, ReportView, Status, confidence_of
+from proflets.base import Analyzer, ReportView, Status, best_of, confidence_of
 
 #: dyper's own code (agent, proflets, monitor), whose allocations and
 #: collections are not the application's sites.
@@ -77,15 +77,6 @@ def rss_bytes() -> int:
         import resource
 
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-
-
-def _best_of(runs: int, fn: Callable[[], object]) -> float:
-    best = float("inf")
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 # --- agent half: the basic analysis -----------------------------------------------------
@@ -154,10 +145,10 @@ def calibrate_callback() -> float:
     scratch: dict[Any, list[float]] = {}
     callback, _ = gc_callback(scratch, ())
     n = 200
-    plain = _best_of(3, lambda: _young_collections(n))
+    plain = best_of(3, lambda: _young_collections(n))
     gc.callbacks.append(callback)
     try:
-        hooked = _best_of(3, lambda: _young_collections(n))
+        hooked = best_of(3, lambda: _young_collections(n))
     finally:
         with contextlib.suppress(ValueError):
             gc.callbacks.remove(callback)
@@ -380,10 +371,10 @@ class AllocationSites(Collector):
 
         # Each traced allocation costs 0.3 us (one frame) to 5 us (eight): a short loop is enough.
         n = 2000
-        plain = _best_of(3, lambda: _churn(n))
+        plain = best_of(3, lambda: _churn(n))
         tracemalloc.start(self.NFRAME)
         try:
-            hooked = _best_of(3, lambda: _churn(n))
+            hooked = best_of(3, lambda: _churn(n))
         finally:
             tracemalloc.stop()
         return max(1.0, hooked / plain) if plain > 0 else 1.0
