@@ -58,6 +58,9 @@ AGENT_VERSION: Final = "0.1.0"
 MAX_PENDING_STACKS: Final = 50_000
 #: Reports ZeroMQ may hold for a connected but slow monitor before sends fail.
 SEND_HWM: Final = 8
+#: how long the last report and the bye may take to leave when the agent stops (ms);
+#: stop() waits about twice as long at interpreter exit
+CLOSE_LINGER_MS: Final = 400
 
 #: Starting guesses until the first measurements come in; deliberately high so
 #: the first plan errs on the side of spending less.
@@ -170,7 +173,13 @@ def _load_collectors(names: tuple[str | Collector, ...] | None, off: dict[str, s
     import proflets  # lazy: the registry reads distribution metadata
 
     explicit = names is not None
-    available = proflets.available()
+    if names is not None and all(isinstance(n, Collector) or n in proflets.BUILTINS for n in names):
+        # Reading every distribution's entry points takes hundreds of file
+        # reads; each gives up the GIL, and behind a busy application each
+        # takes up to a switch interval to get it back: seconds, for nothing.
+        available = dict(proflets.BUILTINS)
+    else:
+        available = proflets.available()
     wanted: tuple[str | Collector, ...] = tuple(available) if names is None else names
     collectors: dict[str, Collector] = {}
     for name in wanted:
@@ -264,6 +273,8 @@ class Agent:
         self._basic_charged: dict[str, float] = {}
         #: CPU seconds of one-time start-up work on the sampler thread (loading the proflets)
         self.startup_s = 0.0
+        #: the collectors load_proflets() built, until the sampler hooks them up
+        self._loaded: dict[str, Collector] | None = None
         #: calibrated costs per detailing proflet (the collectors that detail)
         self.proflet_costs: dict[str, ProfletCosts] = {}
         #: proflet name -> why it is off (unavailable here, or its collector raised)
@@ -295,6 +306,7 @@ class Agent:
     # --- control, from any thread ---------------------------------------------------
 
     def start(self) -> None:
+        self.load_proflets()
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._thread.start()
 
@@ -359,8 +371,11 @@ class Agent:
                     self._send(sock, protocol.ERROR, {"agent": self.agent_id, "message": self.errors[-1]})
         finally:
             if sock is not None:
+                # The last report and the bye are only queued by send(): give
+                # them a bounded moment to leave (with no monitor connected,
+                # IMMEDIATE kept them from being queued, so this never waits).
                 with contextlib.suppress(Exception):
-                    sock.close(linger=0)
+                    sock.close(linger=CLOSE_LINGER_MS if self._stopping.is_set() else 0)
             if ctx is not None:
                 with contextlib.suppress(Exception):
                     ctx.term()
@@ -623,13 +638,28 @@ class Agent:
 
     # --- detailing ----------------------------------------------------------------------
 
-    def _start_collectors(self) -> None:
+    def load_proflets(self) -> None:
+        """Import the proflets and build their collectors; nothing is hooked yet.
+
+        start() runs this on the caller's thread. On the agent's own thread
+        each file an import reads would give up the GIL and wait up to a
+        switch interval to get it back from a busy application: a program
+        started under ``dyper run`` could end before its agent took a sample.
+        """
+        if self._loaded is not None:
+            return
         t0 = _cost_clock()
         try:
-            collectors = _load_collectors(self._proflet_names, self.proflets_off)
+            self._loaded = _load_collectors(self._proflet_names, self.proflets_off)
         except Exception as exc:  # a broken registry must not stop the sampler
             self.errors.append(f"proflets not loaded: {type(exc).__name__}: {exc}")
-            collectors = {}
+            self._loaded = {}
+        self.startup_s += _cost_clock() - t0
+
+    def _start_collectors(self) -> None:
+        self.load_proflets()
+        t0 = _cost_clock()
+        collectors, self._loaded = self._loaded or {}, {}
         for name in self.proflets_off:
             self.errors.append(f"proflet {name} off: {self.proflets_off[name]}")
         for name, collector in collectors.items():
