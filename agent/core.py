@@ -34,7 +34,7 @@ from typing import Any, Final
 import zmq
 
 from agent import protocol
-from agent.budget import Guard, Plan, ProfletCosts, cost, plan
+from agent.budget import GUARD_SHARE, SAVINGS_S, Guard, Plan, ProfletCosts, cost, plan
 from agent.proflet import Collector, DetailContext, ReportContext
 from agent.schedule import BurstCost, DetailScheduler, calibrate, fit_interval
 from agent.tables import UNDECIDED, WAITS, Tables
@@ -92,16 +92,6 @@ MONITOR_PLAN_TTL_REPORTS: Final = 2.5
 #: A burst whose measured slowdown passes its reservation is ended early: the
 #: proflet is dearer than it said, and the next plan knows.
 BURST_OVERRUN: Final = 1.0
-#: The guard pays out this share of the budget. The rest is headroom for what is
-#: charged after the fact: a burst's measured slowdown past its reservation,
-#: always-on hooks, the ticker's hand-offs. Spending close to the budget (see
-#: SAVINGS_S), those once took a 20-s run at 5% to 5.15%.
-GUARD_SHARE: Final = 0.95
-#: Seconds of budget a burst may cost at most, and the savings past which the
-#: next burst starts ahead of the plan (Agent._spare_burst): the guard's bucket
-#: then seldom holds more, so the spend lags the budget by about this much.
-#: Longer would make the first burst wait (at 5%, a 7-s run saw none).
-SAVINGS_S: Final = 2.0
 #: While a burst runs, the loop wakes at least this often to charge its
 #: slowdown as it accrues (and end it if it overruns) ...
 BURST_TICK_S: Final = 0.02
@@ -162,14 +152,18 @@ def _name_os_thread(name: str) -> None:
 class _Burst:
     """A detailing burst in progress."""
 
-    __slots__ = ("charged_s", "end", "fixed_s", "name", "reserved_s", "start")
+    __slots__ = ("charged_s", "end", "fixed_s", "held_s", "name", "reserved_s", "start")
 
-    def __init__(self, name: str, start: float, end: float, fixed_s: float, reserved_s: float) -> None:
+    def __init__(
+        self, name: str, start: float, end: float, fixed_s: float, reserved_s: float, held_s: float = 0.0
+    ) -> None:
         self.name = name
         self.start = start
         self.end = end
         self.fixed_s = fixed_s
         self.reserved_s = reserved_s
+        #: planned fixed cost charged at the start and refunded at the end, when the real one is charged
+        self.held_s = held_s
         #: slowdown charged to the guard so far (the reservation, then what was measured past it)
         self.charged_s = reserved_s
 
@@ -741,6 +735,8 @@ class Agent:
 
         started = self.scheduler.tick(now, affordable)
         if not started and not self._bursts and not self.scheduler.queue.waiting:
+            # Also while the monitor schedules: its requests come once a report,
+            # and a 25% budget then spent 7% on cpu-1 instead of 14%.
             spare = self._spare_burst(now)
             if spare is not None:
                 self.scheduler.due.pop(spare, None)  # set anew when this burst finishes
@@ -758,9 +754,9 @@ class Agent:
         The plan's delays come from estimated costs; when bursts cost less
         than planned (cpu's call-only ones cost almost nothing), the guard's
         bucket fills, and what it cannot hold is budget lost. Past SAVINGS_S
-        of budget the next burst starts early: the one due first here, or, while the
-        monitor schedules (no due times here), the one with the largest share.
-        The guard still pays for it before it starts.
+        of budget the next burst starts early: the one due first (or with
+        the largest share, if none is due). The guard still pays for it
+        before it starts.
         """
         if self.guard.tokens(now) < self._spare_threshold_s():
             return None
@@ -788,9 +784,13 @@ class Agent:
         # Reserve the expected slowdown now, so sampling cannot spend it while
         # the burst runs; the measured slowdown replaces it at the end.
         reserved = costs.slow / (1.0 + costs.slow) * length
-        self.guard.charge(fixed + reserved, self.clock(), "detail")
+        # The planned fixed cost not yet spent (a census at the end, results
+        # gathered) is held too: a second burst starting now must not count
+        # on those tokens.
+        held = max(0.0, costs.ovhd_ms / 1000.0 - fixed)
+        self.guard.charge(fixed + reserved + held, self.clock(), "detail")
         start = self.clock()
-        self._bursts[name] = _Burst(name, start, start + length, fixed, reserved)
+        self._bursts[name] = _Burst(name, start, start + length, fixed, reserved, held)
 
     def _stop_burst(self, name: str, now: float) -> None:
         burst = self._bursts.pop(name)
@@ -805,7 +805,7 @@ class Agent:
         slowdown = float(result.get("slowdown_s", burst.charged_s))
         length = float(result.get("length_s", now - burst.start))
         # Settle the reservation against what was measured (a refund if it was less).
-        self.guard.charge(fixed - burst.fixed_s + slowdown - burst.charged_s, self.clock(), "detail")
+        self.guard.charge(fixed - burst.fixed_s - burst.held_s + slowdown - burst.charged_s, self.clock(), "detail")
         # What passed the reservation was spent before the guard could stop it:
         # like one long operation, it bounds how far the ledger can exceed the budget.
         self.max_op_s = max(self.max_op_s, slowdown - burst.reserved_s)
@@ -1021,6 +1021,7 @@ class Agent:
             "spent_s": self.guard.spent_s,
             "startup_s": self.startup_s,
             "elapsed_s": now - self.guard.started,
+            "saved_s": self.guard.tokens(now),
             "budget": self.budget,
             "delays": {
                 "sample": self.sample_delay_s,
