@@ -49,13 +49,12 @@ MAX_DETAIL_DELAY_S = 3600.0
 
 #: The guard pays out this share of the budget. The rest is headroom for what is
 #: charged after the fact: a burst's measured slowdown past its reservation,
-#: always-on hooks, the ticker's hand-offs. Spending close to the budget (see
-#: SAVINGS_S), those once took a 20-s run at 5% to 5.15%.
+#: always-on hooks, the ticker's hand-offs. Spending close to the budget, those
+#: once took a 20-s run at 5% to 5.15%.
 GUARD_SHARE = 0.95
-#: Seconds of budget a burst may cost at most, and the savings past which the
-#: agent starts the next burst ahead of the plan: the guard's bucket then
-#: seldom holds more, so the spend lags the budget by about this much. Longer would make the first
-#: burst wait (at 5%, a 7-s run saw none).
+#: Seconds of budget a burst may cost at most: the less a burst needs saved,
+#: the sooner it can start and the less budget waits in the guard's bucket.
+#: Half the bucket (5 s), as before, kept a 7-s run at 5% from any burst.
 SAVINGS_S = 2.0
 
 SAMPLING_SHARE = 0.9

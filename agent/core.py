@@ -733,40 +733,8 @@ class Agent:
         def affordable(name: str) -> bool:
             return self.guard.wait_needed(now, cost(self._burst_costs(name)) / 1000.0) <= 0
 
-        started = self.scheduler.tick(now, affordable)
-        if not started and not self._bursts and not self.scheduler.queue.waiting:
-            # Also while the monitor schedules: its requests come once a report,
-            # and a 25% budget then spent 7% on cpu-1 instead of 14%.
-            spare = self._spare_burst(now)
-            if spare is not None:
-                self.scheduler.due.pop(spare, None)  # set anew when this burst finishes
-                self.scheduler.queue.request(spare)
-                started = self.scheduler.queue.ready(affordable)
-        for name in started:
+        for name in self.scheduler.tick(now, affordable):
             self._start_burst(name, now)
-
-    def _spare_threshold_s(self) -> float:
-        return SAVINGS_S * self.guard.budget
-
-    def _spare_burst(self, now: float) -> str | None:
-        """The proflet to detail ahead of the plan when the guard's savings would otherwise go to waste.
-
-        The plan's delays come from estimated costs; when bursts cost less
-        than planned (cpu's call-only ones cost almost nothing), the guard's
-        bucket fills, and what it cannot hold is budget lost. Past SAVINGS_S
-        of budget the next burst starts early: the one due first (or with
-        the largest share, if none is due). The guard still pays for it
-        before it starts.
-        """
-        if self.guard.tokens(now) < self._spare_threshold_s():
-            return None
-        shares = {n: s for n, s in self.plan.detail_share.items() if s > 0 and n in self.proflet_costs}
-        if not shares:
-            return None
-        due = {n: t for n, t in self.scheduler.due.items() if n in shares}
-        if due:
-            return min(due, key=due.__getitem__)
-        return max(shares, key=shares.__getitem__)
 
     def _start_burst(self, name: str, now: float) -> None:
         costs = self._burst_costs(name)
@@ -840,9 +808,7 @@ class Agent:
                 for name in self.scheduler.queue.waiting
             )
             return now + max(DETAIL_TICK_S, wait)
-        # ... or when the bucket is half full and a spare burst may start
-        spare = now + max(DETAIL_TICK_S, (self._spare_threshold_s() - self.guard.tokens(now)) / self.guard.budget)
-        return min(self.scheduler.next_event(), spare)
+        return self.scheduler.next_event()
 
     def _burst_tick_s(self) -> float:
         """How often a running burst is charged and checked: a fifth of the
