@@ -47,16 +47,6 @@ MAX_REPORT_DELAY_S = 30.0
 #: Detailing less often than once an hour tells the user nothing new.
 MAX_DETAIL_DELAY_S = 3600.0
 
-#: The guard pays out this share of the budget. The rest is headroom for what is
-#: charged after the fact: a burst's measured slowdown past its reservation,
-#: always-on hooks, the ticker's hand-offs. Spending close to the budget, those
-#: once took a 20-s run at 5% to 5.15%.
-GUARD_SHARE = 0.95
-#: Seconds of budget a burst may cost at most: the less a burst needs saved,
-#: the sooner it can start and the less budget waits in the guard's bucket.
-#: Half the bucket (5 s), as before, kept a 7-s run at 5% from any burst.
-SAVINGS_S = 2.0
-
 SAMPLING_SHARE = 0.9
 REPORTING_SHARE = 0.1
 

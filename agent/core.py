@@ -34,7 +34,7 @@ from typing import Any, Final
 import zmq
 
 from agent import protocol
-from agent.budget import GUARD_SHARE, SAVINGS_S, Guard, Plan, ProfletCosts, cost, plan
+from agent.budget import Guard, Plan, ProfletCosts, cost, plan
 from agent.proflet import Collector, DetailContext, ReportContext
 from agent.schedule import BurstCost, DetailScheduler, calibrate, fit_interval
 from agent.tables import UNDECIDED, WAITS, Tables
@@ -152,18 +152,14 @@ def _name_os_thread(name: str) -> None:
 class _Burst:
     """A detailing burst in progress."""
 
-    __slots__ = ("charged_s", "end", "fixed_s", "held_s", "name", "reserved_s", "start")
+    __slots__ = ("charged_s", "end", "fixed_s", "name", "reserved_s", "start")
 
-    def __init__(
-        self, name: str, start: float, end: float, fixed_s: float, reserved_s: float, held_s: float = 0.0
-    ) -> None:
+    def __init__(self, name: str, start: float, end: float, fixed_s: float, reserved_s: float) -> None:
         self.name = name
         self.start = start
         self.end = end
         self.fixed_s = fixed_s
         self.reserved_s = reserved_s
-        #: planned fixed cost charged at the start and refunded at the end, when the real one is charged
-        self.held_s = held_s
         #: slowdown charged to the guard so far (the reservation, then what was measured past it)
         self.charged_s = reserved_s
 
@@ -248,7 +244,7 @@ class Agent:
         self.wake_cost_s = 0.0
         self.report_cost_s = INITIAL_REPORT_COST_S
         now = clock()
-        self.guard = Guard(budget * GUARD_SHARE, now)
+        self.guard = Guard(budget, now)
         self.plan: Plan = plan(budget, self.sample_cost_s, self.report_cost_s)
         self._window_start = now
         self._window_costs = {"sample": 0.0, "report": 0.0, "detail": 0.0, "wake": 0.0}
@@ -535,7 +531,7 @@ class Agent:
         if self.ceiling is not None:
             budget = min(budget, self.ceiling)
         self.budget = budget
-        self.guard.set_budget(budget * GUARD_SHARE, self.clock())
+        self.guard.set_budget(budget, self.clock())
         self._replan()
 
     def _fitted_costs(self) -> list[ProfletCosts]:
@@ -544,7 +540,7 @@ class Agent:
     def _replan(self) -> None:
         now = self.clock()
         self.plan = plan(
-            self.guard.budget,  # what the guard pays out, headroom kept
+            self.budget,
             # With the ticker the loop's wake-ups are spread over the samples
             # each drain brings (_undrained_s), already in sample_cost_s.
             self.sample_cost_s + (0.0 if self.ticker else self.wake_cost_s),
@@ -578,7 +574,7 @@ class Agent:
 
     def _sync_ticker(self) -> None:
         """Give the ticker the planned delay and the guard's money."""
-        budget = self.guard.budget
+        budget = self.budget
         _fast.ticker_set(
             self.sample_delay_s if budget > 0 else 0.0,
             0.25,
@@ -709,9 +705,8 @@ class Agent:
 
     def _burst_costs(self, name: str) -> ProfletCosts:
         # A burst must fit in what the guard can save up, or at a low budget it
-        # would wait for ever; and the less it needs saved, the sooner the
-        # saved budget is spent (SAVINGS_S, well inside the bucket).
-        return fit_interval(self.proflet_costs[name], self.guard.budget * min(SAVINGS_S, self.guard.capacity_s / 2))
+        # would wait for ever: half the bucket, so sampling goes on meanwhile.
+        return fit_interval(self.proflet_costs[name], self.budget * self.guard.capacity_s / 2)
 
     def _detail_step(self, now: float) -> None:
         for name, burst in list(self._bursts.items()):
@@ -752,13 +747,9 @@ class Agent:
         # Reserve the expected slowdown now, so sampling cannot spend it while
         # the burst runs; the measured slowdown replaces it at the end.
         reserved = costs.slow / (1.0 + costs.slow) * length
-        # The planned fixed cost not yet spent (a census at the end, results
-        # gathered) is held too: a second burst starting now must not count
-        # on those tokens.
-        held = max(0.0, costs.ovhd_ms / 1000.0 - fixed)
-        self.guard.charge(fixed + reserved + held, self.clock(), "detail")
+        self.guard.charge(fixed + reserved, self.clock(), "detail")
         start = self.clock()
-        self._bursts[name] = _Burst(name, start, start + length, fixed, reserved, held)
+        self._bursts[name] = _Burst(name, start, start + length, fixed, reserved)
 
     def _stop_burst(self, name: str, now: float) -> None:
         burst = self._bursts.pop(name)
@@ -773,7 +764,7 @@ class Agent:
         slowdown = float(result.get("slowdown_s", burst.charged_s))
         length = float(result.get("length_s", now - burst.start))
         # Settle the reservation against what was measured (a refund if it was less).
-        self.guard.charge(fixed - burst.fixed_s - burst.held_s + slowdown - burst.charged_s, self.clock(), "detail")
+        self.guard.charge(fixed - burst.fixed_s + slowdown - burst.charged_s, self.clock(), "detail")
         # What passed the reservation was spent before the guard could stop it:
         # like one long operation, it bounds how far the ledger can exceed the budget.
         self.max_op_s = max(self.max_op_s, slowdown - burst.reserved_s)
@@ -787,9 +778,9 @@ class Agent:
             # stop-the-world scan plans for the worst one seen (heap), not the mean.
             costs = replace(costs, ovhd_ms=float(floor))
         self.proflet_costs[name] = costs
-        self.scheduler.finished(name, self.clock(), burst.start)
+        self.scheduler.finished(name, self.clock())
         self.bursts_total += 1
-        result.update({"proflet": name, "t": time.time(), "fixed_s": fixed, "slowdown_s": slowdown, "length_s": length})
+        result.update({"proflet": name, "t": time.time(), "fixed_s": fixed, "slowdown_s": slowdown})
         self._details_done.append(result)
         del self._details_done[:-64]  # bounded while no monitor reads them
         self._replan()
@@ -987,7 +978,6 @@ class Agent:
             "spent_s": self.guard.spent_s,
             "startup_s": self.startup_s,
             "elapsed_s": now - self.guard.started,
-            "saved_s": self.guard.tokens(now),
             "budget": self.budget,
             "delays": {
                 "sample": self.sample_delay_s,

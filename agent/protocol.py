@@ -218,7 +218,6 @@ _SCHEMAS: dict[str, Callable[[Body], None]] = {
             "spent_s": _is_num,  # total seconds spent since start
             "startup_s": _is_num,  # one-time start-up work (loading proflets), not in spent_s
             "elapsed_s": _is_num,  # wall seconds since start
-            "saved_s": _is_num,  # what the guard holds now (seconds of process time it may spend)
             "budget": _is_num,
             "delays": _COSTS,  # current mean delays in seconds
             "dropped": _map_of(_is_int),  # what was dropped and how often

@@ -29,9 +29,6 @@ from agent.budget import ProfletCosts
 #: bursts, low enough that one burst disturbed by the machine does not swing
 #: the plan.
 CALIBRATION_ALPHA = 0.3
-#: The first burst of a proflet is due at most this long after the first plan
-#: (seconds); later ones follow the plan's delays.
-FIRST_DETAIL_S = 1.0
 #: SLOW is a ratio of extra time to useful time; past this it means the
 #: burst's estimate is broken, not that the proflet is that slow.
 MAX_SLOW = 1000.0
@@ -119,10 +116,7 @@ class DetailScheduler:
             if math.isinf(delay):
                 self.due.pop(name, None)
             elif old is None:
-                # The first burst comes early: the guard has been saving the
-                # budget since the start, and what it cannot hold is lost. It
-                # still starts only once the guard can pay for it.
-                self.due[name] = now + min(self._draw(delay), FIRST_DETAIL_S)
+                self.due[name] = now + self._draw(delay)
             else:
                 self.due[name] = min(old, now + self._draw(delay))
         for name in set(self.delays) - set(delays):
@@ -138,18 +132,12 @@ class DetailScheduler:
                 del self.due[name]
         return self.queue.ready(affordable)
 
-    def finished(self, name: str, now: float, started: float | None = None) -> None:
-        """A burst that began at ``started`` ended at ``now``: the next is due one drawn delay after its start.
-
-        The plan's delay is the mean time from one detailing to the next: counted
-        from the end, a burst half as long as the delay would spend only two
-        thirds of its share.
-        """
+    def finished(self, name: str, now: float) -> None:
+        """A burst ended: the next is due one drawn delay after its end."""
         self.queue.finish(name)
         delay = self.delays.get(name, math.inf)
         if not math.isinf(delay):
-            begin = now if started is None else min(started, now)
-            self.due[name] = max(now, begin + self._draw(delay))
+            self.due[name] = now + self._draw(delay)
 
     def next_event(self) -> float:
         """Earliest due time, for the caller's sleep (inf if none)."""
@@ -177,18 +165,15 @@ def calibrate(costs: ProfletCosts, burst: BurstCost, alpha: float = CALIBRATION_
     """Move a proflet's OVHD and SLOW towards what a burst cost.
 
     During a burst of length L the application runs at 1 / (1 + SLOW) of its
-    speed, so the time it loses is f * L with f = SLOW / (1 + SLOW): that is
-    the second term of COST(p). The moving average is taken of f, the
-    measured loss / L, and SLOW = f / (1 - f) follows: COST(p) is then the
-    mean cost of a burst. Averaging SLOW instead would overestimate it when
-    bursts differ (cpu's call-only bursts cost almost nothing, its line
-    bursts more than half their length), and the budget would go unspent.
+    speed, so the time it loses is SLOW / (1 + SLOW) * L: that is the second
+    term of COST(p). Solving for SLOW from the measured loss f = loss / L
+    gives SLOW = f / (1 - f).
     """
     ovhd_ms = (1 - alpha) * costs.ovhd_ms + alpha * burst.fixed_s * 1000.0
     if burst.length_s > 0:
-        measured = min(max(burst.slowdown_s / burst.length_s, 0.0), 0.999)
-        f = (1 - alpha) * (costs.slow / (1.0 + costs.slow)) + alpha * measured
-        slow = min(f / (1.0 - f), MAX_SLOW)
+        f = min(max(burst.slowdown_s / burst.length_s, 0.0), 0.999)
+        measured_slow = min(f / (1.0 - f), MAX_SLOW)
+        slow = (1 - alpha) * costs.slow + alpha * measured_slow
     else:
         slow = costs.slow
     return replace(costs, ovhd_ms=ovhd_ms, slow=slow)

@@ -44,15 +44,6 @@ def _changed(old: float, new: float) -> bool:
     return abs(new - old) > REPLAN_CHANGE * max(abs(old), abs(new), 1e-12)
 
 
-def _started(burst: dict[str, Any], report: dict[str, Any], now: float) -> float | None:
-    """When a reported burst began, on this monitor's clock: it ended ``t`` (the
-    agent's clock) and the report left at the report's ``t``; the transit is ignored."""
-    end, sent, length = burst.get("t"), report.get("t"), burst.get("length_s")
-    if not all(isinstance(x, int | float) for x in (end, sent, length)):
-        return None
-    return now - max(0.0, float(sent) - float(end)) - max(0.0, float(length))  # type: ignore[arg-type]
-
-
 @dataclass
 class AgentSchedule:
     """The monitor's plan and detailing queue for one agent."""
@@ -84,7 +75,7 @@ class AgentSchedule:
             name = burst.get("proflet")
             if isinstance(name, str) and name in self.pending:
                 del self.pending[name]
-                self.scheduler.finished(name, now, _started(burst, report, now))
+                self.scheduler.finished(name, now)
         for name, deadline in list(self.pending.items()):
             if now >= deadline:
                 del self.pending[name]

@@ -75,25 +75,6 @@ def test_detail_requests_go_out_when_due_and_wait_for_the_burst_report():
     assert s.scheduler.due["cpu"] > due + 2.0
 
 
-def test_the_next_burst_is_due_a_delay_after_the_reported_one_began():
-    s = _schedule()
-    rep = _report({"cpu": _state()})
-    s.on_report(rep, 0.0, lambda n: None)
-    due = s.scheduler.due["cpu"]
-    s.on_report(rep, due, lambda n: None)
-    delay = s.scheduler.delays["cpu"]
-    # The burst ended 0.5 s before the report left and lasted 2 s: it began 2.5 s before now.
-    burst = {"proflet": "cpu", "t": 1000.0, "length_s": 2.0}
-    now = due + 5.0
-    s.on_report({**_report({"cpu": _state()}, details=[burst]), "t": 1000.5}, now, lambda n: None)
-    assert now <= s.scheduler.due["cpu"] <= max(now, now - 2.5 + 2 * delay)
-    # a malformed burst time is ignored: counted from the report instead
-    s.on_report(rep, s.scheduler.due["cpu"], lambda n: None)
-    bad = {"proflet": "cpu", "t": "x", "length_s": 2.0}
-    s.on_report(_report({"cpu": _state()}, details=[bad]), now + 10.0, lambda n: None)
-    assert s.scheduler.due["cpu"] >= now + 10.0
-
-
 def test_conflicting_proflets_never_detail_together_and_none_is_dropped():
     s = _schedule()
     proflets = {"cpu": _state(allows=()), "threads": _state(allows=())}
