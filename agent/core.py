@@ -173,13 +173,7 @@ def _load_collectors(names: tuple[str | Collector, ...] | None, off: dict[str, s
     import proflets  # lazy: the registry reads distribution metadata
 
     explicit = names is not None
-    if names is not None and all(isinstance(n, Collector) or n in proflets.BUILTINS for n in names):
-        # Reading every distribution's entry points takes hundreds of file
-        # reads; each gives up the GIL, and behind a busy application each
-        # takes up to a switch interval to get it back: seconds, for nothing.
-        available = dict(proflets.BUILTINS)
-    else:
-        available = proflets.available()
+    available = proflets.available(None if names is None else [n for n in names if isinstance(n, str)])
     wanted: tuple[str | Collector, ...] = tuple(available) if names is None else names
     collectors: dict[str, Collector] = {}
     for name in wanted:

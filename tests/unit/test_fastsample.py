@@ -396,12 +396,10 @@ def test_activity_histogram_matches_the_reference(parked: Parked) -> None:
         tables.flag_leaves(pending[0])
 
         def resolve(waiting: list[tuple[int, ...]], hist: list[int]) -> None:
-            # As Agent._count_pending: the spinner's leaf moves between the
-            # loop's instructions, each its own location, so a walker can
-            # still meet a new one; it is decided, then counted.
-            tables.flag_leaves({loc for leaves in waiting for loc in leaves})
-            for leaves in waiting:
-                hist[min(sum(1 for loc in leaves if not tables.waits(loc)), len(hist) - 1)] += 1
+            # The spinner's leaf moves between the loop's instructions, each its
+            # own location, so a walker can still meet a new one: decided and
+            # counted by the agent's own code.
+            Agent._count_pending(types.SimpleNamespace(tables=tables, _activity=hist, _pending=waiting))  # type: ignore[arg-type]
             waiting.clear()
 
         c_hist, c_pending = [0] * 8, []

@@ -243,15 +243,24 @@ def test_the_ticker_works_in_a_forked_child(ticker: tuple[int, int]) -> None:
             fast.ticker_stop()  # nothing to join
             fast.ticker_start(threading.get_ident() + 1, w)
             fast.ticker_set(0.002, 0.25, 1.0, BIG, BIG)
-            spin_here(0.4)
+            # Spin until the new ticker has sampled a few times: 0.4 s is
+            # plenty when idle, a loaded CI machine may need longer.
             counts: dict[tuple[int, tuple[int, ...]], int] = {}
-            n = fast.ticker_drain(counts, {}, lambda *a: 0)
+            n = 0
+            deadline = time.monotonic() + 10
+            while n <= 10 and time.monotonic() < deadline:
+                spin_here(0.2)
+                n += fast.ticker_drain(counts, {}, lambda *a: 0)
             fast.ticker_stop()
             deadline = time.monotonic() + 5
             while _ticker_threads() and time.monotonic() < deadline:
                 time.sleep(0.01)
-            code = 0 if n > 10 and _ticker_threads() == 0 else 2
+            # Distinct codes say which half failed.
+            code = 2 if n <= 10 else 3 if _ticker_threads() else 0
         finally:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    code = os.waitstatus_to_exitcode(status)
+    assert code != 2, "the child's new ticker took at most 10 samples in 10 s"
+    assert code != 3, "the child's ticker thread outlived ticker_stop by 5 s"
+    assert code == 0

@@ -1,0 +1,31 @@
+"""The proflet registry: built-ins by name, installed ones from entry points, read only when needed."""
+
+import importlib.metadata
+
+import pytest
+
+import proflets
+
+
+def test_builtin_names_alone_never_read_distribution_metadata(monkeypatch: pytest.MonkeyPatch) -> None:
+    read: list[str] = []
+
+    def entry_points(group: str) -> list[object]:
+        read.append(group)
+        return []
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
+    assert proflets.available(["cpu", "heap"]) == proflets.BUILTINS
+    assert proflets.available([]) == proflets.BUILTINS
+    assert read == []
+    # a name that is not built in, or no names at all: the installed ones are looked up
+    proflets.available(["cpu", "myapp_slowsql"])
+    proflets.available()
+    assert read == [proflets.GROUP, proflets.GROUP]
+
+
+def test_an_installed_proflet_is_found_by_its_entry_point(monkeypatch: pytest.MonkeyPatch) -> None:
+    ep = importlib.metadata.EntryPoint("slowsql", "myapp.slowsql", proflets.GROUP)
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [ep])
+    found = proflets.available(["slowsql"])
+    assert found["slowsql"] == "myapp.slowsql" and found["cpu"] == proflets.BUILTINS["cpu"]
