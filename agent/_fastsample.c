@@ -2077,7 +2077,8 @@ typedef struct {
     long long func_ns[COUNTER_MAX];
     native_callee callees[NATIVE_CALLEES];
     Py_ssize_t ncallees;
-    unsigned long long native_events;
+    unsigned long long native_events;   /* native events that read the clock (the dear ones) */
+    unsigned long long native_calls;    /* every native callback, clocked or not */
     int native;           /* time functions and their C calls (CallCounter(codes, native=True)) */
 } CallCounter;
 
@@ -2247,6 +2248,7 @@ native_forget(CallCounter *self)
     self->ncallees = 0;
     memset(self->func_ns, 0, sizeof(self->func_ns));
     self->native_events = 0;
+    self->native_calls = 0;
     if (self->threads != NULL) {
         memset(self->threads, 0, NATIVE_THREADS * sizeof(native_thread));
     }
@@ -2393,6 +2395,7 @@ PyDoc_STRVAR(on_resume_doc,
 static PyObject *
 CallCounter_on_resume(CallCounter *self, PyObject *const *args, Py_ssize_t nargs)
 {
+    self->native_calls++;
     if (nargs >= 1 && self->native) {
         Py_ssize_t i = counter_find(self, args[0]);
         if (i >= 0) {
@@ -2409,6 +2412,7 @@ PyDoc_STRVAR(on_return_doc,
 static PyObject *
 CallCounter_on_return(CallCounter *self, PyObject *const *args, Py_ssize_t nargs)
 {
+    self->native_calls++;
     if (nargs >= 1 && self->native) {
         Py_ssize_t i = counter_find(self, args[0]);
         if (i >= 0) {
@@ -2428,6 +2432,7 @@ PyDoc_STRVAR(on_call_doc,
 static PyObject *
 CallCounter_on_call(CallCounter *self, PyObject *const *args, Py_ssize_t nargs)
 {
+    self->native_calls++;
     if (nargs >= 3 && self->native) {
         Py_ssize_t i = counter_find(self, args[0]);
         const void *key = i >= 0 ? native_key(args[2]) : NULL;
@@ -2445,6 +2450,7 @@ PyDoc_STRVAR(on_c_return_doc,
 static PyObject *
 CallCounter_on_c_return(CallCounter *self, PyObject *const *args, Py_ssize_t nargs)
 {
+    self->native_calls++;
     if (nargs >= 3 && self->native) {
         Py_ssize_t i = counter_find(self, args[0]);
         const void *key = i >= 0 ? native_key(args[2]) : NULL;
@@ -2599,8 +2605,30 @@ CallCounter_total(CallCounter *self, PyObject *unused)
     for (Py_ssize_t j = 0; j < self->nslots; j++) {
         n += self->slots[j].n;
     }
-    n += self->native_events;
+    n += self->native_calls > self->native_events ? self->native_calls : self->native_events;
     return PyLong_FromUnsignedLongLong(n);
+}
+
+PyDoc_STRVAR(events_doc,
+"events() -> (int, int)\n\n"
+"The events counted so far in two classes by what each cost the application:\n"
+"(plain callbacks: calls, lines and native callbacks that read no clock;\n"
+"native events that read the clock).");
+
+static PyObject *
+CallCounter_events(CallCounter *self, PyObject *unused)
+{
+    unsigned long long plain = 0;
+    for (Py_ssize_t i = 0; i < self->ncodes; i++) {
+        plain += self->calls[i];
+    }
+    for (Py_ssize_t j = 0; j < self->nslots; j++) {
+        plain += self->slots[j].n;
+    }
+    unsigned long long clocked = self->native_events;
+    /* a pop without its push still read no clock; never count one twice */
+    plain += self->native_calls > clocked ? self->native_calls - clocked : 0;
+    return Py_BuildValue("(KK)", plain, clocked);
 }
 
 PyDoc_STRVAR(reset_doc, "reset() -> None\n\nForget every count (the codes stay).");
@@ -2624,6 +2652,7 @@ static PyMethodDef CallCounter_methods[] = {
     {"native", (PyCFunction)CallCounter_native, METH_NOARGS, native_doc},
     {"counts", (PyCFunction)CallCounter_counts, METH_NOARGS, counts_doc},
     {"total", (PyCFunction)CallCounter_total, METH_NOARGS, total_doc},
+    {"events", (PyCFunction)CallCounter_events, METH_NOARGS, events_doc},
     {"reset", (PyCFunction)CallCounter_reset, METH_NOARGS, reset_doc},
     {NULL, NULL, 0, NULL}
 };

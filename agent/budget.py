@@ -31,9 +31,16 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-#: Sampling more often than every 2 ms buys nothing: CPython's own switch
-#: interval is 5 ms, so the sampler could not get the GIL sooner anyway.
-MIN_SAMPLE_DELAY_S = 0.002
+#: At most 2,000 samples a second. The ticker (agent/_fastsample.c) takes a
+#: sample inside the running thread, with no GIL hand-off, for about 20 to 40
+#: us of measured cost, so at 10-25% budget sampling can use its share (and
+#: samples keep growing with the budget) up to this rate; past it the
+#: ticker's own timer wake-ups would be most of the cost.
+MIN_SAMPLE_DELAY_S = 0.0005
+#: A sampler that is a Python thread must take the GIL for each sample:
+#: behind a busy thread it waits up to the 5-ms switch interval, and each
+#: hand-off costs the application more than the sampler's clocks see.
+MIN_THREAD_SAMPLE_DELAY_S = 0.002
 #: At 0.01% budget and a costly process the computed delay can reach minutes;
 #: a sample every 5 s still gives a profile over a long run and is cheap.
 MAX_SAMPLE_DELAY_S = 5.0
@@ -102,6 +109,7 @@ def plan(
     report_cost_s: float,
     proflets: Sequence[ProfletCosts] = (),
     sample_lag_s: float = 0.0,
+    min_sample_delay_s: float = MIN_SAMPLE_DELAY_S,
 ) -> Plan:
     """Turn a budget and measured costs into mean delays.
 
@@ -122,7 +130,7 @@ def plan(
     f = fract(mean_prty)
     sampling = f * budget * SAMPLING_SHARE
     reporting = f * budget * REPORTING_SHARE
-    sample_delay = _clamp(sample_cost_s / sampling, MIN_SAMPLE_DELAY_S, MAX_SAMPLE_DELAY_S)
+    sample_delay = _clamp(sample_cost_s / sampling, min_sample_delay_s, MAX_SAMPLE_DELAY_S)
     report_delay = _clamp(report_cost_s / reporting, MIN_REPORT_DELAY_S, MAX_REPORT_DELAY_S)
 
     detail_delay: dict[str, float] = {}

@@ -34,9 +34,9 @@ from typing import Any, Final
 import zmq
 
 from agent import protocol
-from agent.budget import Guard, Plan, ProfletCosts, cost, plan
+from agent.budget import MIN_SAMPLE_DELAY_S, MIN_THREAD_SAMPLE_DELAY_S, Guard, Plan, ProfletCosts, cost, plan
 from agent.proflet import Collector, DetailContext, ReportContext
-from agent.schedule import BurstCost, DetailScheduler, calibrate, fit_interval
+from agent.schedule import CALIBRATION_ALPHA, BurstCost, DetailScheduler, calibrate, combine, fit_interval
 from agent.tables import UNDECIDED, WAITS, Tables
 
 _fast: Any
@@ -89,6 +89,8 @@ EWMA_ALPHA: Final = 0.05
 #: gone or stuck lets it lapse).
 MONITOR_PLAN_TTL_S: Final = 5.0
 MONITOR_PLAN_TTL_REPORTS: Final = 2.5
+#: The most a detailing burst may cost, in seconds of budget (at 5%, 50 ms).
+BURST_BUDGET_S: Final = 1.0
 #: A burst whose measured slowdown passes its reservation is ended early: the
 #: proflet is dearer than it said, and the next plan knows.
 BURST_OVERRUN: Final = 1.0
@@ -152,10 +154,11 @@ def _name_os_thread(name: str) -> None:
 class _Burst:
     """A detailing burst in progress."""
 
-    __slots__ = ("charged_s", "end", "fixed_s", "name", "reserved_s", "start")
+    __slots__ = ("charged_s", "end", "fixed_s", "kind", "name", "reserved_s", "start")
 
-    def __init__(self, name: str, start: float, end: float, fixed_s: float, reserved_s: float) -> None:
+    def __init__(self, name: str, kind: str, start: float, end: float, fixed_s: float, reserved_s: float) -> None:
         self.name = name
+        self.kind = kind
         self.start = start
         self.end = end
         self.fixed_s = fixed_s
@@ -271,6 +274,11 @@ class Agent:
         self._loaded: dict[str, Collector] | None = None
         #: calibrated costs per detailing proflet (the collectors that detail)
         self.proflet_costs: dict[str, ProfletCosts] = {}
+        #: proflet -> kind of burst -> its calibrated costs (see Collector.burst_kinds)
+        self.kind_costs: dict[str, dict[str, ProfletCosts]] = {}
+        self._kind_bursts: dict[tuple[str, str], int] = {}
+        #: proflets the monitor asked for again while their burst still ran
+        self._again: set[str] = set()
         #: proflet name -> why it is off (unavailable here, or its collector raised)
         self.proflets_off: dict[str, str] = {}
         self.scheduler = DetailScheduler(rng=self._rng)
@@ -454,9 +462,11 @@ class Agent:
                     if self._samples_total in _EARLY_REPLANS:
                         self._replan()
                     next_sample = now + self._jitter(self.sample_delay_s)
+            detailing = bool(self._bursts)
             if self.proflet_costs and now >= self._detail_at:
                 self._detail_step(self.clock())
                 self._detail_at = self._next_detail_event()
+                detailing = True
             if not self._hello_sent and now >= next_hello:
                 # Until the connection is up the hello cannot go; reports wait
                 # for it, their counts keep accumulating meanwhile.
@@ -494,10 +504,17 @@ class Agent:
                 # share of ticks that found the GIL held.
                 rest += self._handoff_s
             if rest > 0:
-                self._window_costs["wake"] += rest
-                self.guard.charge(rest, self.clock(), "wake")
                 self.wake_cost_s += EWMA_ALPHA * (rest - self.wake_cost_s)
-                self._undrained_s += rest
+                if detailing:
+                    # Detailing's wake-ups (its ticks, starts and ends) are in
+                    # a burst's price: spread over the samples they would make
+                    # sampling look several times dearer at a low budget.
+                    self._window_costs["detail"] += rest
+                    self.guard.charge(rest, self.clock(), "detail")
+                else:
+                    self._window_costs["wake"] += rest
+                    self.guard.charge(rest, self.clock(), "wake")
+                    self._undrained_s += rest
             remaining_ms = (wake - self.clock()) * 1000.0
             timeout_ms = math.ceil(remaining_ms) if remaining_ms > 0 else 0
             for item, _ in poller.poll(timeout_ms):
@@ -529,7 +546,10 @@ class Agent:
         self._replan()
 
     def _fitted_costs(self) -> list[ProfletCosts]:
-        return [self._burst_costs(name) for name in self.proflet_costs]
+        """Per proflet, the mean of its kinds of burst, each sized as it will run: what the plan uses."""
+        return [
+            combine([self._burst_costs(name, kind) for kind in self.kind_costs[name]]) for name in self.proflet_costs
+        ]
 
     def _replan(self) -> None:
         now = self.clock()
@@ -541,6 +561,7 @@ class Agent:
             self.report_cost_s,
             self._fitted_costs(),
             self.sample_lag_s,
+            MIN_SAMPLE_DELAY_S if self.ticker else MIN_THREAD_SAMPLE_DELAY_S,
         )
         sample, report = self.plan.sample_delay_s, self.plan.report_delay_s
         theirs = self._monitor_plan if now < self._monitor_plan_until else None
@@ -648,6 +669,13 @@ class Agent:
         except Exception as exc:  # a broken registry must not stop the sampler
             self.errors.append(f"proflets not loaded: {type(exc).__name__}: {exc}")
             self._loaded = {}
+        for name, collector in list(self._loaded.items()):
+            try:
+                if collector.unavailable() is None:
+                    collector.prepare()
+            except Exception as exc:
+                self.proflets_off[name] = f"{type(exc).__name__}: {exc}"
+                del self._loaded[name]
         self.startup_s += _cost_clock() - t0
 
     def _start_collectors(self) -> None:
@@ -674,6 +702,7 @@ class Agent:
                 self._activity = [0] * ACTIVITY_SLOTS
             if collector.DETAILS:
                 self.proflet_costs[name] = collector.costs()
+                self.kind_costs[name] = dict.fromkeys(collector.burst_kinds(), collector.costs())
         self.scheduler.queue.allows = {name: self.collectors[name].ALLOWS for name in self.proflet_costs}
         # Loading is start-up, like importing the agent itself: one-time
         # imports (tens of ms of CPU), paid once per attach. Charging it to a
@@ -688,6 +717,7 @@ class Agent:
         self._on_sampled = [c for c in self._on_sampled if c is not collector]
         self._on_report = [c for c in self._on_report if c is not collector]
         self.proflet_costs.pop(name, None)
+        self.kind_costs.pop(name, None)
         self._bursts.pop(name, None)
         self.scheduler.queue.forget(name)
         self.scheduler.set_delays({k: v for k, v in self.scheduler.delays.items() if k != name}, self.clock())
@@ -697,10 +727,30 @@ class Agent:
             with contextlib.suppress(Exception):
                 collector.close()
 
-    def _burst_costs(self, name: str) -> ProfletCosts:
-        # A burst must fit in what the guard can save up, or at a low budget it
-        # would wait for ever: half the bucket, so sampling goes on meanwhile.
-        return fit_interval(self.proflet_costs[name], self.budget * self.guard.capacity_s / 2)
+    def _next_kind(self, name: str) -> str:
+        kinds = self.kind_costs[name]
+        try:
+            kind = self.collectors[name].burst_kind()
+        except Exception:  # a broken proflet shows itself in start_detail, where it is switched off
+            kind = ""
+        return kind if kind in kinds else next(iter(kinds))
+
+    def _burst_costs(self, name: str, kind: str) -> ProfletCosts:
+        # A burst costs at most BURST_BUDGET_S of budget. Larger bursts would
+        # wait for their price to accrue (five seconds at half the bucket), and
+        # a run of a few seconds would end before any could start; smaller
+        # ones, more often, spend the same share sooner.
+        return fit_interval(self.kind_costs[name][kind], self.budget * BURST_BUDGET_S)
+
+    def _burst_price_s(self, name: str) -> float:
+        """What a burst must find in the guard before it starts: its COST, and
+        the loop's wake-ups while it runs (each charged when it happens, after
+        the fact: unplanned, a burst's ticks could run the ledger past the budget)."""
+        costs = self._burst_costs(name, self._next_kind(name))
+        length = costs.itvl_ms / 1000.0
+        tick = min(BURST_TICK_MAX_S, max(BURST_TICK_S, length / 5.0))
+        wakes = math.ceil(length / tick) + 2  # the ticks, the start and the end
+        return cost(costs) / 1000.0 + wakes * self.wake_cost_s
 
     def _detail_step(self, now: float) -> None:
         for name, burst in list(self._bursts.items()):
@@ -720,13 +770,14 @@ class Agent:
                 self._stop_burst(name, now)
 
         def affordable(name: str) -> bool:
-            return self.guard.wait_needed(now, cost(self._burst_costs(name)) / 1000.0) <= 0
+            return self.guard.wait_needed(now, self._burst_price_s(name)) <= 0
 
         for name in self.scheduler.tick(now, affordable):
             self._start_burst(name, now)
 
     def _start_burst(self, name: str, now: float) -> None:
-        costs = self._burst_costs(name)
+        kind = self._next_kind(name)
+        costs = self._burst_costs(name, kind)
         length = costs.itvl_ms / 1000.0
         t0 = _cost_clock()
         try:
@@ -743,7 +794,7 @@ class Agent:
         reserved = costs.slow / (1.0 + costs.slow) * length
         self.guard.charge(fixed + reserved, self.clock(), "detail")
         start = self.clock()
-        self._bursts[name] = _Burst(name, start, start + length, fixed, reserved)
+        self._bursts[name] = _Burst(name, kind, start, start + length, fixed, reserved)
 
     def _stop_burst(self, name: str, now: float) -> None:
         burst = self._bursts.pop(name)
@@ -765,14 +816,27 @@ class Agent:
         self._window_costs["detail"] += fixed - burst.fixed_s + slowdown
         self._accounted_s += fixed - burst.fixed_s
         self.max_op_s = max(self.max_op_s, fixed - burst.fixed_s)
-        costs = calibrate(self.proflet_costs[name], BurstCost(fixed, slowdown, length))
+        kinds = self.kind_costs[name]
+        # A plain mean over a kind's first bursts, then a moving average: the
+        # declared costs are a cautious guess, and the first measurement is a
+        # better one (cpu declares call bursts as dear as line bursts; they cost
+        # next to nothing, and a run of a few seconds would end before a
+        # moving average found that out).
+        n = self._kind_bursts[name, burst.kind] = self._kind_bursts.get((name, burst.kind), 0) + 1
+        alpha = max(CALIBRATION_ALPHA, 1.0 / n)
+        costs = calibrate(kinds[burst.kind], BurstCost(fixed, slowdown, length), alpha)
         floor = result.get("ovhd_ms")
         if isinstance(floor, int | float) and floor > costs.ovhd_ms:
             # The collector knows its fixed cost better than an average: a
             # stop-the-world scan plans for the worst one seen (heap), not the mean.
             costs = replace(costs, ovhd_ms=float(floor))
-        self.proflet_costs[name] = costs
+        kinds[burst.kind] = costs
+        self.proflet_costs[name] = combine(list(kinds.values()))
+        result["kind"] = burst.kind
         self.scheduler.finished(name, self.clock())
+        if name in self._again:
+            self._again.discard(name)
+            self.scheduler.queue.request(name)
         self.bursts_total += 1
         result.update({"proflet": name, "t": time.time(), "fixed_s": fixed, "slowdown_s": slowdown})
         self._details_done.append(result)
@@ -788,10 +852,7 @@ class Agent:
         if self.scheduler.queue.waiting:
             # Look again when the cheapest waiting request is paid for: each
             # look wakes this thread, which is not free either.
-            wait = min(
-                self.guard.wait_needed(now, cost(self._burst_costs(name)) / 1000.0)
-                for name in self.scheduler.queue.waiting
-            )
+            wait = min(self.guard.wait_needed(now, self._burst_price_s(name)) for name in self.scheduler.queue.waiting)
             return now + max(DETAIL_TICK_S, wait)
         return self.scheduler.next_event()
 
@@ -1130,5 +1191,11 @@ class Agent:
                 name = body.get("proflet")
                 # Only while the monitor's plan holds: on our own we keep our own schedule.
                 if name in self.proflet_costs and self._monitor_plan is not None:
-                    self.scheduler.queue.request(name)
+                    if name in self._bursts:
+                        # The monitor takes a burst as done at its planned length;
+                        # this one runs later than it thinks (it waited for the
+                        # guard): the request is for the next one, not this one.
+                        self._again.add(name)
+                    else:
+                        self.scheduler.queue.request(name)
                     self._detail_at = -math.inf  # look at once

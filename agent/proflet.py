@@ -110,8 +110,31 @@ class Collector:
         """Why this collector cannot detail in this process (None: it can)."""
         return None
 
+    def prepare(self) -> None:
+        """One-time set-up before the agent's thread starts (e.g. calibrating a cost).
+
+        Runs on the thread that starts the agent, before the application
+        competes with the agent's thread for the GIL and for its caches: a
+        cost measured from the agent's thread while the application runs
+        came out half again too high. Start-up, like loading: reported, not
+        charged. What it raises turns the proflet off.
+        """
+
     def costs(self) -> ProfletCosts:
         return ProfletCosts(self.name, self.OVHD_MS, self.SLOW, self.ITVL_MS, self.PRTY)
+
+    def burst_kinds(self) -> tuple[str, ...]:
+        """The kinds of burst this collector takes turns between, each with its own cost.
+
+        The agent calibrates a cost per kind and sizes each burst by its
+        kind's, so a cheap kind does not waste its share and a dear one does
+        not end early; the plan uses their mean (agent.schedule.combine).
+        """
+        return ("",)
+
+    def burst_kind(self) -> str:
+        """The kind of the next burst (one of burst_kinds())."""
+        return ""
 
     def start_detail(self, ctx: DetailContext) -> None:
         """Begin a burst: install hooks. Its time is measured and charged as fixed cost."""

@@ -19,19 +19,19 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from agent.budget import ProfletCosts
+from agent.budget import ProfletCosts, cost
 
 #: Weight of one burst's measurement in the running estimates of a proflet's
 #: OVHD and SLOW. High enough to correct a wrong declaration within a few
 #: bursts, low enough that one burst disturbed by the machine does not swing
 #: the plan.
 CALIBRATION_ALPHA = 0.3
-#: SLOW is a ratio of extra time to useful time; past this it means the
-#: burst's estimate is broken, not that the proflet is that slow.
-MAX_SLOW = 1000.0
+#: The largest share of a burst the application can lose to it (SLOW = 999):
+#: past this the burst's estimate is broken, not the proflet that slow.
+MAX_LOSS = 0.999
 
 
 def compatible(a: str, b: str, allows: Mapping[str, frozenset[str]]) -> bool:
@@ -105,6 +105,8 @@ class DetailScheduler:
     rng: random.Random = field(default_factory=random.Random)
     delays: dict[str, float] = field(default_factory=dict)
     due: dict[str, float] = field(default_factory=dict)
+    #: when each running burst started, for the next one's due time
+    started: dict[str, float] = field(default_factory=dict)
 
     def set_delays(self, delays: Mapping[str, float], now: float) -> None:
         """Take a new plan's delays. A proflet's next due time moves only if the new delay brings it closer
@@ -116,11 +118,15 @@ class DetailScheduler:
             if math.isinf(delay):
                 self.due.pop(name, None)
             elif old is None:
-                self.due[name] = now + self._draw(delay)
+                # The first one at a uniform point of its period, as if the
+                # bursts had been going on all along: waiting a whole mean
+                # delay first would leave a short run's share largely unspent.
+                self.due[name] = now + self.rng.uniform(0.1, 1.0) * delay
             else:
                 self.due[name] = min(old, now + self._draw(delay))
         for name in set(self.delays) - set(delays):
             self.due.pop(name, None)
+            self.started.pop(name, None)
             self.queue.forget(name)
         self.delays = dict(delays)
 
@@ -130,14 +136,26 @@ class DetailScheduler:
             if at <= now:
                 self.queue.request(name)
                 del self.due[name]
-        return self.queue.ready(affordable)
+        ready = self.queue.ready(affordable)
+        for name in ready:
+            self.started[name] = now
+        return ready
 
     def finished(self, name: str, now: float) -> None:
-        """A burst ended: the next is due one drawn delay after its end."""
+        """A burst ended: the next is due one drawn delay after this one started.
+
+        The plan's delay is the mean time between detailings (COST over the
+        share it may spend): counted from a burst's end, the time the burst
+        lasted would be added to every period, and a 0.5-s burst planned
+        every 1.1 s would run every 1.6 s, a third of its share unspent. Never
+        before now, so a burst that overran its delay is not followed at once
+        by a catch-up burst.
+        """
         self.queue.finish(name)
+        began = self.started.pop(name, now)
         delay = self.delays.get(name, math.inf)
         if not math.isinf(delay):
-            self.due[name] = now + self._draw(delay)
+            self.due[name] = max(now, began + self._draw(delay))
 
     def next_event(self) -> float:
         """Earliest due time, for the caller's sleep (inf if none)."""
@@ -165,18 +183,41 @@ def calibrate(costs: ProfletCosts, burst: BurstCost, alpha: float = CALIBRATION_
     """Move a proflet's OVHD and SLOW towards what a burst cost.
 
     During a burst of length L the application runs at 1 / (1 + SLOW) of its
-    speed, so the time it loses is SLOW / (1 + SLOW) * L: that is the second
-    term of COST(p). Solving for SLOW from the measured loss f = loss / L
-    gives SLOW = f / (1 - f).
+    speed, so the share of L it loses is f = SLOW / (1 + SLOW): the factor in
+    COST(p)'s second term. The moving average is of f, and SLOW = f / (1 - f)
+    follows from it. Averaging SLOW instead would overstate COST when bursts
+    differ: a proflet whose bursts alternate between losing 10% and 80% of
+    their length loses 45% on average, but the mean of their SLOWs (0.11 and
+    4) is 2.06, a loss of 67%, and the plan would detail a third less often
+    than the budget allows.
     """
     ovhd_ms = (1 - alpha) * costs.ovhd_ms + alpha * burst.fixed_s * 1000.0
     if burst.length_s > 0:
-        f = min(max(burst.slowdown_s / burst.length_s, 0.0), 0.999)
-        measured_slow = min(f / (1.0 - f), MAX_SLOW)
-        slow = (1 - alpha) * costs.slow + alpha * measured_slow
+        measured = min(max(burst.slowdown_s / burst.length_s, 0.0), MAX_LOSS)
+        f = (1 - alpha) * costs.slow / (1.0 + costs.slow) + alpha * measured
+        slow = f / (1.0 - f)
     else:
         slow = costs.slow
     return replace(costs, ovhd_ms=ovhd_ms, slow=slow)
+
+
+def combine(kinds: Sequence[ProfletCosts]) -> ProfletCosts:
+    """One proflet's costs for the planner, from the costs of its kinds of burst.
+
+    A proflet whose bursts take turns (cpu: counting calls, then lines too)
+    has a cost per kind, each calibrated from its own bursts so each burst
+    is sized to what it will cost. The plan needs the mean burst: this gives
+    costs whose COST(p) is the mean of the kinds' COSTs, with their mean
+    OVHD and ITVL and the SLOW that makes up the difference.
+    """
+    if len(kinds) == 1:
+        return kinds[0]
+    n = len(kinds)
+    mean_cost = sum(cost(k) for k in kinds) / n
+    ovhd_ms = sum(k.ovhd_ms for k in kinds) / n
+    itvl_ms = sum(k.itvl_ms for k in kinds) / n
+    f = min(max((mean_cost - ovhd_ms) / itvl_ms, 0.0), MAX_LOSS) if itvl_ms > 0 else 0.0
+    return replace(kinds[0], ovhd_ms=ovhd_ms, itvl_ms=itvl_ms, slow=f / (1.0 - f))
 
 
 def fit_interval(costs: ProfletCosts, max_cost_s: float, min_itvl_ms: float = 10.0) -> ProfletCosts:

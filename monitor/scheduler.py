@@ -57,6 +57,8 @@ class AgentSchedule:
     plan: Plan | None = None
     #: proflet -> when its requested burst will be taken as lost
     pending: dict[str, float] = field(default_factory=dict)
+    #: proflet -> when its requested burst ends, by its planned length
+    ends: dict[str, float] = field(default_factory=dict)
     replans: int = 0
     requests: int = 0
     lost: int = 0
@@ -75,12 +77,14 @@ class AgentSchedule:
             name = burst.get("proflet")
             if isinstance(name, str) and name in self.pending:
                 del self.pending[name]
-                self.scheduler.finished(name, now)
+                if self.ends.pop(name, None) is not None:  # it ended early (an overrun)
+                    self.scheduler.finished(name, now)
         for name, deadline in list(self.pending.items()):
             if now >= deadline:
                 del self.pending[name]
                 self.lost += 1
-                self.scheduler.finished(name, now)
+                if self.ends.pop(name, None) is not None:
+                    self.scheduler.finished(name, now)
 
         new = plan(self.budget, self.sample_cost_s, self.report_cost_s, list(self.costs.values()), self.sample_lag_s)
         if self.plan is None or self._differs(self.plan, new):
@@ -94,8 +98,32 @@ class AgentSchedule:
         self.asked.clear()
 
         out: list[Message] = [(protocol.CONFIGURE, {"plan": self.timings()})]
+        out += self.tick(now)
+        return out
+
+    def tick(self, now: float) -> list[Message]:
+        """Between reports: end the bursts whose planned length has passed and request those now due.
+
+        A requested burst is taken as finished at its planned length, not
+        when its report comes back, which can be a report interval (seconds
+        at a low budget) later: waiting for it would leave the plan's delay
+        between bursts at a report interval or more, and most of a high
+        budget unspent. A burst that had to wait for the agent's guard runs
+        later than that; the agent keeps a request that comes while it runs
+        for after it.
+        """
+        for name, at in list(self.ends.items()):
+            if now >= at:
+                del self.ends[name]
+                self.scheduler.finished(name, at)
+        out: list[Message] = []
+        if self.plan is None:
+            return out
         for name in self.scheduler.tick(now):
+            if name not in self.costs:
+                continue
             itvl_s = self.costs[name].itvl_ms / 1000.0
+            self.ends[name] = now + itvl_s
             self.pending[name] = now + itvl_s + BURST_TIMEOUT_S
             self.requests += 1
             out.append((protocol.DETAIL, {"proflet": name}))

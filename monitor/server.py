@@ -43,6 +43,9 @@ T = TypeVar("T")
 MAX_STASHED_REPORTS = 4
 MAX_STASHED_AGENTS = 1000
 RESYNC_INTERVAL_S = 1.0
+#: How often the detailing queues are looked at between reports: bursts of a
+#: few hundred ms at a high budget are due a few times a second.
+SCHEDULE_TICK_MS = 100
 
 Reply = tuple[bytes, bytes]
 
@@ -141,7 +144,10 @@ class Monitor:
                 # Poll, then receive only what is ready: cancelling a pending
                 # recv (asyncio.wait_for on recv_multipart) can consume a
                 # message and then drop it (pyzmq and CPython race).
-                if not await sock.poll(200):  # POLLIN
+                ready = await sock.poll(SCHEDULE_TICK_MS)  # POLLIN
+                for reply in self._tick_schedules():
+                    self._outbox.put_nowait(reply)
+                if not ready:
                     continue
                 for _ in range(1000):  # bounded, so stop and sends get their turn
                     if not int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
@@ -264,6 +270,23 @@ class Monitor:
 
         out = schedule.on_report(body, time.monotonic(), priorities)
         return [(ident, protocol.encode(msg_type, msg)) for msg_type, msg in out]
+
+    def _tick_schedules(self) -> list[Reply]:
+        """DYMON between reports: detailing requests that have come due since the last report."""
+        replies: list[Reply] = []
+        now = time.monotonic()
+        for agent_id, schedule in list(self.schedules.items()):
+            ident = self.routing.get(agent_id)
+            entry = self.by_agent.get(agent_id)
+            if ident is None or entry is None or not entry[1].connected:
+                continue
+            try:
+                out = schedule.tick(now)
+            except Exception as exc:  # a bug must cost one tick, not the monitor
+                self._event("internal_error", {"message": f"{type(exc).__name__}: {exc}"})
+                continue
+            replies += [(ident, protocol.encode(msg_type, msg)) for msg_type, msg in out]
+        return replies
 
     def _stash_and_resync(self, ident: bytes, body: dict[str, Any]) -> list[Reply]:
         if ident not in self._stash and len(self._stash) >= MAX_STASHED_AGENTS:

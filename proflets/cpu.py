@@ -178,6 +178,9 @@ class PyCallCounter:
     def total(self) -> int:
         return sum(self.calls.values()) + sum(self.lines.values())
 
+    def events(self) -> tuple[int, int]:
+        return self.total(), 0  # no native events: nothing reads a clock
+
     def reset(self) -> None:
         self.calls.clear()
         self.lines.clear()
@@ -238,7 +241,7 @@ class CpuCollector(Collector):
         #: the burst's counter (see call_counter), its methods the callbacks
         self._counter: Any = None
         self._event_cost_s: float | None = None
-        #: the same for native bursts (line, call and return events, a clock read each)
+        #: the same for native bursts' clocked events (calls and returns, a clock read each)
         self._native_cost_s: float | None = None
         #: this burst times the candidates and their C calls (3.12+, with the line counts)
         self._native = False
@@ -267,6 +270,18 @@ class CpuCollector(Collector):
         if yappi.is_running() or sys.getprofile() is not None or threading.getprofile() is not None:
             return "a profiler is already installed in the target"
         return None
+
+    def prepare(self) -> None:
+        """Calibrate the cost of an event on the thread that starts the agent (see Collector.prepare)."""
+        if not self._monitoring:
+            self._event_cost_s = self._calibrate_yappi()
+            return
+        self._tool = self._claim_tool()
+        try:
+            self._event_cost_s = self._calibrate_monitoring(native=False)
+            self._native_cost_s = self._calibrate_monitoring(native=True)
+        finally:
+            self._release_tool()
 
     # --- 3.12+: sys.monitoring local events on the candidates only ----------------
 
@@ -304,11 +319,19 @@ class CpuCollector(Collector):
         return int(e.PY_RESUME | e.PY_RETURN | e.PY_YIELD | e.CALL)
 
     def _calibrate_monitoring(self, native: bool) -> float:
-        """Seconds one event costs the application, measured here on a small hooked loop."""
+        """Seconds one event costs the application, measured here on a small hooked loop.
+
+        Plain events (calls and lines) on a loop of lines; with ``native``,
+        clocked events on a loop with a C call each time round, its plain
+        events paid at the plain cost (calibrated first). The two differ by
+        several times: one cost for both would overcharge a burst of lines
+        (cpu-1's hot loop was charged twice what it lost) and undercharge
+        one of calls.
+        """
         mon = sys.monitoring  # type: ignore[attr-defined,unused-ignore]
         target = _native_calibration_target if native else _calibration_target
         code = target.__code__
-        n, runs = 300, 3
+        n, runs = 2000, 5
         plain = best_of(runs, lambda: target(n))
         assert self._tool is not None
         counter = call_counter([code], native=native)
@@ -319,10 +342,14 @@ class CpuCollector(Collector):
             hooked = best_of(runs, lambda: target(n))
         finally:
             mon.set_local_events(self._tool, code, 0)
-        per_run = max(1, int(counter.total()) // runs)
+        plain_events, clocked = (float(n) / runs for n in counter.events())
+        lost = max(0.0, hooked - plain)
         # The loop is the cheapest code to hook (warm caches, one small frame);
         # real hot code paid about a fifth more per event here, so charge that.
-        return EVENT_COST_MARGIN * max(0.0, hooked - plain) / per_run
+        if not native:
+            return EVENT_COST_MARGIN * lost / max(1.0, plain_events)
+        plain_cost = (self._event_cost_s or 0.0) / EVENT_COST_MARGIN
+        return EVENT_COST_MARGIN * max(0.0, lost - plain_events * plain_cost) / max(1.0, clocked)
 
     # --- 3.11: yappi for the burst -----------------------------------------------------
 
@@ -347,9 +374,17 @@ class CpuCollector(Collector):
 
     # --- hooks ----------------------------------------------------------------------
 
+    def burst_kinds(self) -> tuple[str, ...]:
+        # Line bursts lose most of their length in a hot loop, call bursts
+        # next to nothing: each kind is sized by its own cost.
+        return ("calls", "lines") if self._monitoring else ("calls",)
+
+    def burst_kind(self) -> str:
+        return "lines" if self._monitoring and self._bursts % 2 == 1 else "calls"
+
     def start_detail(self, ctx: DetailContext) -> None:
         self._codes = list(ctx.candidates[: self.MAX_CANDIDATES])
-        self._with_lines = self._monitoring and self._bursts % 2 == 1
+        self._with_lines = self.burst_kind() == "lines"
         self._bursts += 1
         if self._monitoring:
             mon = sys.monitoring  # type: ignore[attr-defined,unused-ignore]
@@ -357,11 +392,10 @@ class CpuCollector(Collector):
             # Native time comes with the line counts: both make the burst
             # dearer, and the call rates come from the other bursts.
             native = self._native = self._with_lines
-            if native:
-                if self._native_cost_s is None:
-                    self._native_cost_s = self._calibrate_monitoring(native=True)
-            elif self._event_cost_s is None:
+            if self._event_cost_s is None:
                 self._event_cost_s = self._calibrate_monitoring(native=False)
+            if native and self._native_cost_s is None:
+                self._native_cost_s = self._calibrate_monitoring(native=True)
             self._counter = call_counter(self._codes, native=native)
             self._register(self._counter, native)
             events = mon.events.PY_START
@@ -379,23 +413,19 @@ class CpuCollector(Collector):
             yappi.start(builtins=False, profile_threads=True)
         self._started = time.perf_counter()
 
-    def _events(self) -> int:
-        if self._monitoring:
-            return int(self._counter.total()) if self._counter is not None else 0
-        import yappi
-
-        # Every call of every function pays yappi's hook, not just the candidates'.
-        return sum(s.ncall for s in yappi.get_func_stats()) if yappi.is_running() else 0
+    def _charged(self, counter: Any) -> float:
+        """The slowdown of a sys.monitoring burst so far: its events, each class at its cost."""
+        if counter is None:
+            return 0.0
+        plain, clocked = counter.events()
+        return int(plain) * (self._event_cost_s or 0.0) + int(clocked) * (self._native_cost_s or 0.0)
 
     def slowdown_s(self) -> float:
         if not self._monitoring:
             # yappi's stats cost a walk over every function seen: too dear to
             # read during the burst, so the estimate comes at the end.
             return 0.0
-        return self._events() * self._cost_per_event()
-
-    def _cost_per_event(self) -> float:
-        return (self._native_cost_s if self._native else self._event_cost_s) or 0.0
+        return self._charged(self._counter)
 
     def stop_detail(self) -> dict[str, Any]:
         length = time.perf_counter() - self._started
@@ -404,12 +434,13 @@ class CpuCollector(Collector):
             counter = self._counter
             counted, lines = counter.counts() if counter is not None else ({}, {})
             calls = {c: counted.get(c, 0) for c in self._codes}
-            events = int(counter.total()) if counter is not None else 0
+            slowdown = self._charged(counter)
         else:
             calls, lines, events = self._stop_yappi()
+            slowdown = events * (self._event_cost_s or 0.0)
         result: dict[str, Any] = {
             "length_s": length,
-            "slowdown_s": events * self._cost_per_event(),
+            "slowdown_s": slowdown,
             "functions": [[c.co_filename, c.co_qualname, c.co_firstlineno, n] for c, n in calls.items()],
             "lines": [[c.co_filename, c.co_qualname, c.co_firstlineno, line, n] for (c, line), n in lines.items()],
             "lines_counted": self._with_lines,

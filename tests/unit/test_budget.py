@@ -57,6 +57,7 @@ def test_zero_priority_proflet_never_details():
 def test_clamps_only_lengthen_or_bound_delays():
     fast = plan(0.25, 1e-7, 1e-6)
     assert fast.sample_delay_s == MIN_SAMPLE_DELAY_S
+    assert plan(0.25, 1e-7, 1e-6, min_sample_delay_s=0.002).sample_delay_s == 0.002  # a thread sampler's floor
     assert fast.report_delay_s == MIN_REPORT_DELAY_S
     slow = plan(0.0001, 1e-3, 0.1)
     assert slow.report_delay_s == MAX_REPORT_DELAY_S

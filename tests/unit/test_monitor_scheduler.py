@@ -96,8 +96,11 @@ def test_a_lost_burst_report_times_out_instead_of_blocking_the_queue():
     s.on_report(rep, 0.0, lambda n: None)
     due = s.scheduler.due["cpu"]
     s.on_report(rep, due, lambda n: None)
-    s.on_report(rep, due + 0.2 + BURST_TIMEOUT_S + 0.1, lambda n: None)
-    assert s.lost == 1 and "cpu" not in s.pending
+    late = due + 0.2 + BURST_TIMEOUT_S + 0.1
+    s.on_report(rep, late, lambda n: None)
+    assert s.lost == 1
+    # The lost one started more than a delay ago: the next is asked for at once.
+    assert s.requests == 2 and s.pending["cpu"] > late
 
 
 def test_a_proflet_switched_off_in_the_agent_leaves_the_plan():
@@ -113,3 +116,24 @@ def test_the_search_can_ask_for_a_burst_now():
     s.ask("cpu")
     out = s.on_report(_report({"cpu": _state()}), 0.5, lambda n: None)
     assert (protocol.DETAIL, {"proflet": "cpu"}) in out
+
+
+def test_between_reports_the_next_burst_is_requested_when_due():
+    # A burst is taken as done at its planned length, so at a high budget the
+    # next one goes out when it is due, not at the next report (1 s or more).
+    s = _schedule()
+    s.on_report(_report({"cpu": _state(itvl_ms=200.0)}, budget=0.25), 0.0, lambda n: None)
+    delay = s.plan.detail_delay_s["cpu"]
+    assert delay < 1.0  # several bursts a second are planned
+    due = s.scheduler.due["cpu"]
+    assert s.tick(due - 0.01) == []
+    assert s.tick(due) == [(protocol.DETAIL, {"proflet": "cpu"})]
+    assert s.tick(due + 0.1) == []  # still running by its planned length
+    requests, now = [due], due
+    while now < due + 5.0:
+        now += 0.01
+        if s.tick(now):
+            requests.append(now)
+    gaps = [b - a for a, b in zip(requests, requests[1:], strict=False)]
+    assert len(gaps) >= 4
+    assert sum(gaps) / len(gaps) == pytest.approx(max(delay, 0.2), rel=0.35)

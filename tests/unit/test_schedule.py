@@ -7,7 +7,7 @@ import random
 import pytest
 
 from agent.budget import ProfletCosts, cost, plan
-from agent.schedule import BurstCost, DetailQueue, DetailScheduler, calibrate, compatible, fit_interval
+from agent.schedule import BurstCost, DetailQueue, DetailScheduler, calibrate, combine, compatible, fit_interval
 
 ALLOWS = {
     "cpu": frozenset({"memory"}),
@@ -96,12 +96,16 @@ def test_scheduler_due_times_follow_the_plan_with_a_fake_clock():
     s.set_delays({"cpu": 10.0, "threads": math.inf}, now=0.0)
     assert "threads" not in s.due  # infinite delay: never details
     first = s.due["cpu"]
-    assert 1.0 <= first <= 20.0
+    assert 1.0 <= first <= 10.0  # somewhere in the first period
     assert s.tick(first - 0.001) == []
     assert s.tick(first) == ["cpu"]
-    assert s.tick(first + 100) == []  # running: not requested again
-    s.finished("cpu", now=50.0)
-    assert s.due["cpu"] >= 51.0
+    assert s.tick(first + 0.5) == []  # running: not requested again
+    s.finished("cpu", now=first + 0.5)
+    # The next is due a drawn delay after this one started, not after it ended.
+    assert first + 1.0 <= s.due["cpu"] <= first + 20.0
+    s.tick(s.due["cpu"])
+    s.finished("cpu", now=500.0)  # a burst that overran: no catch-up burst at once
+    assert s.due["cpu"] >= 500.0
 
 
 def test_mean_delay_between_bursts_matches_the_plan():
@@ -111,7 +115,7 @@ def test_mean_delay_between_bursts_matches_the_plan():
     while len(starts) < 400:
         if s.tick(now):
             starts.append(now)
-            s.finished("cpu", now)
+            s.finished("cpu", now + 1.0)  # each burst lasts a second: the mean gap is still the delay
         now += 0.01
     gaps = [b - a for a, b in itertools.pairwise(starts)]
     assert sum(gaps) / len(gaps) == pytest.approx(4.0, rel=0.1)
@@ -148,10 +152,20 @@ def test_calibration_moves_slow_towards_the_measured_loss():
     assert cost(c) == pytest.approx(2.0 + 400.0, rel=1e-3)
 
 
-def test_one_calibration_step_is_a_moving_average():
-    declared = ProfletCosts("cpu", ovhd_ms=0.0, slow=1.0, itvl_ms=100.0, prty=0.5)
-    c = calibrate(declared, BurstCost(0.0, 0.0, 0.1), alpha=0.3)
-    assert c.slow == pytest.approx(0.7)
+def test_one_calibration_step_is_a_moving_average_of_the_lost_share():
+    declared = ProfletCosts("cpu", ovhd_ms=0.0, slow=1.0, itvl_ms=100.0, prty=0.5)  # loses 50%
+    c = calibrate(declared, BurstCost(0.0, 0.0, 0.1), alpha=0.3)  # a burst that lost nothing
+    f = 0.7 * 0.5
+    assert c.slow == pytest.approx(f / (1 - f))
+
+
+def test_alternating_bursts_calibrate_to_their_mean_cost():
+    # Call bursts lose 10% of their length, line bursts 80%: COST follows the
+    # mean burst (45% lost), not the mean of their SLOWs (a 67% loss).
+    c = ProfletCosts("cpu", ovhd_ms=0.0, slow=3.0, itvl_ms=1000.0, prty=0.5)
+    for i in range(200):
+        c = calibrate(c, BurstCost(0.0, 0.1 if i % 2 == 0 else 0.8, 1.0), alpha=0.05)
+    assert cost(c) == pytest.approx(450.0, rel=0.03)
 
 
 def test_fit_interval_shortens_a_burst_to_what_the_guard_can_save():
@@ -163,12 +177,12 @@ def test_fit_interval_shortens_a_burst_to_what_the_guard_can_save():
 
 def test_sampling_share_it_cannot_use_goes_to_detailing():
     p = ProfletCosts("cpu", ovhd_ms=1.0, slow=3.0, itvl_ms=500.0, prty=0.5)
-    free = plan(0.25, 10e-6, 1e-3, [p])
-    # 10 us samples at the 2 ms floor spend 0.5% of the 11.25% sampling share.
+    free = plan(0.25, 10e-6, 1e-3, [p], min_sample_delay_s=0.002)
+    # 10 us samples at a 2 ms floor spend 0.5% of the 11.25% sampling share.
     assert free.sample_delay_s == pytest.approx(0.002)
     assert free.detail_share["cpu"] == pytest.approx(0.5 + (0.1125 - 0.005) / 0.25)
     # Behind a busy thread samples start 3 ms late on average: sampling spends even less.
-    gil = plan(0.25, 10e-6, 1e-3, [p], sample_lag_s=0.003)
+    gil = plan(0.25, 10e-6, 1e-3, [p], sample_lag_s=0.003, min_sample_delay_s=0.002)
     assert gil.detail_share["cpu"] == pytest.approx(0.5 + (0.1125 - 0.002) / 0.25)
     # With no proflet to pass it to, the share stays where it was.
     assert plan(0.25, 10e-6, 1e-3).detail_share == {}
@@ -181,3 +195,23 @@ def test_a_waiting_or_running_proflet_gets_no_second_due_time():
     assert s.queue.waiting == ["cpu"]
     s.set_delays({"cpu": 2.0}, now=100.0)
     assert "cpu" not in s.due
+
+
+def test_combine_gives_the_mean_cost_of_the_kinds_of_burst():
+    calls = ProfletCosts("cpu", ovhd_ms=0.2, slow=0.01, itvl_ms=500.0, prty=0.5)  # COST ~5.2 ms
+    lines = ProfletCosts("cpu", ovhd_ms=0.4, slow=3.0, itvl_ms=100.0, prty=0.5)  # COST 75.4 ms
+    both = combine([calls, lines])
+    assert cost(both) == pytest.approx((cost(calls) + cost(lines)) / 2)
+    assert both.ovhd_ms == pytest.approx(0.3) and both.itvl_ms == pytest.approx(300.0)
+    assert both.name == "cpu" and both.prty == 0.5
+    assert combine([lines]) == lines
+
+
+def test_the_first_burst_comes_within_its_first_period():
+    firsts = []
+    for seed in range(200):
+        s = DetailScheduler(DetailQueue(ALLOWS), rng=random.Random(seed))
+        s.set_delays({"cpu": 10.0}, now=100.0)
+        firsts.append(s.due["cpu"] - 100.0)
+    assert min(firsts) >= 1.0 and max(firsts) <= 10.0
+    assert sum(firsts) / len(firsts) == pytest.approx(5.5, rel=0.1)
