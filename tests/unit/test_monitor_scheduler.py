@@ -1,5 +1,6 @@
 """DYMON's per-agent schedule: timings sent, re-plans, the detailing queue (no sockets, fake clock)."""
 
+import itertools
 import random
 
 import pytest
@@ -134,6 +135,6 @@ def test_between_reports_the_next_burst_is_requested_when_due():
         now += 0.01
         if s.tick(now):
             requests.append(now)
-    gaps = [b - a for a, b in zip(requests, requests[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(requests)]
     assert len(gaps) >= 4
     assert sum(gaps) / len(gaps) == pytest.approx(max(delay, 0.2), rel=0.35)
