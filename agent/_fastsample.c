@@ -2593,10 +2593,9 @@ fail:
     return NULL;
 }
 
-PyDoc_STRVAR(total_doc, "total() -> int\n\nEvery event counted so far: calls, lines and native mode's.");
-
-static PyObject *
-CallCounter_total(CallCounter *self, PyObject *unused)
+/* Calls and line executions counted so far: total() and events() both start here. */
+static unsigned long long
+counter_calls_and_lines(CallCounter *self)
 {
     unsigned long long n = 0;
     for (Py_ssize_t i = 0; i < self->ncodes; i++) {
@@ -2605,6 +2604,15 @@ CallCounter_total(CallCounter *self, PyObject *unused)
     for (Py_ssize_t j = 0; j < self->nslots; j++) {
         n += self->slots[j].n;
     }
+    return n;
+}
+
+PyDoc_STRVAR(total_doc, "total() -> int\n\nEvery event counted so far: calls, lines and native mode's.");
+
+static PyObject *
+CallCounter_total(CallCounter *self, PyObject *unused)
+{
+    unsigned long long n = counter_calls_and_lines(self);
     n += self->native_calls > self->native_events ? self->native_calls : self->native_events;
     return PyLong_FromUnsignedLongLong(n);
 }
@@ -2618,13 +2626,7 @@ PyDoc_STRVAR(events_doc,
 static PyObject *
 CallCounter_events(CallCounter *self, PyObject *unused)
 {
-    unsigned long long plain = 0;
-    for (Py_ssize_t i = 0; i < self->ncodes; i++) {
-        plain += self->calls[i];
-    }
-    for (Py_ssize_t j = 0; j < self->nslots; j++) {
-        plain += self->slots[j].n;
-    }
+    unsigned long long plain = counter_calls_and_lines(self);
     unsigned long long clocked = self->native_events;
     /* a pop without its push still read no clock; never count one twice */
     plain += self->native_calls > clocked ? self->native_calls - clocked : 0;

@@ -719,6 +719,7 @@ class Agent:
         self.proflet_costs.pop(name, None)
         self.kind_costs.pop(name, None)
         self._bursts.pop(name, None)
+        self._again.discard(name)
         self.scheduler.queue.forget(name)
         self.scheduler.set_delays({k: v for k, v in self.scheduler.delays.items() if k != name}, self.clock())
         self.proflets_off[name] = f"{type(exc).__name__}: {exc}"

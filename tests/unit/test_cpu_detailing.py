@@ -111,8 +111,9 @@ def test_the_counters_count_candidates_only_and_reset(make: type) -> None:
     assert calls == {a: 3}
     assert lines == {(b, 7): 2, (a, 9): 1}
     assert counter.total() == 6
+    assert counter.events() == (6, 0)  # all plain: not a native counter, no clock read
     counter.reset()
-    assert counter.counts() == ({}, {}) and counter.total() == 0
+    assert counter.counts() == ({}, {}) and counter.total() == 0 and counter.events() == (0, 0)
     _feed(counter, a, b, stranger)  # counts again after a reset
     assert counter.counts() == ({a: 3}, {(b, 7): 2, (a, 9): 1})
 
