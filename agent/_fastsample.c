@@ -1290,6 +1290,9 @@ typedef struct {
     PyThreadState *tstate;
     PyGILState_STATE gilstate;
     double handoff_s;             /* estimated cost of GIL hand-offs (under mu) */
+    /* The ticker thread's CPU time when it ended: its clock goes with it, and
+     * the last report must still charge what it spent (not refund it). */
+    double exit_cpu_s;
 
     /* GIL-protected. */
     snapshot queue;
@@ -1601,6 +1604,7 @@ ticker_main(void *arg)
     }
     pthread_mutex_unlock(&ticker.mu);
     ticker_release_tstate();
+    ticker.exit_cpu_s = thread_cpu_now();  /* read after the join, in ticker_stats */
     return NULL;
 }
 
@@ -1695,6 +1699,7 @@ fastsample_ticker_start(PyObject *module, PyObject *const *args, Py_ssize_t narg
     /* Counters start afresh with each run. */
     ticker.app_cpu_s = 0.0;
     ticker.handoff_s = 0.0;
+    ticker.exit_cpu_s = 0.0;
     ticker.in_thread = ticker.by_ticker = ticker.dropped = ticker.failed = 0;
     PyThreadState *me = PyThreadState_Get();
     ticker.interp = me->interp;
@@ -1835,7 +1840,8 @@ PyDoc_STRVAR(ticker_stats_doc,
 "ticker_stats() -> dict\n"
 "\n"
 "Counters since ticker_start: app_cpu_s (snapshot time taken in application\n"
-"threads), ticker_cpu_s (the ticker thread's own CPU time), handoff_s (GIL\n"
+"threads), ticker_cpu_s (the ticker thread's own CPU time, kept after\n"
+"ticker_stop), handoff_s (GIL\n"
 "hand-offs the ticker's own samples cost other threads, estimated),\n"
 "ticks (asked for) and busy_ticks (of those, found the GIL held),\n"
 "in_thread and by_ticker (samples taken each way), dropped (queue full), failed (out of\n"
@@ -1849,7 +1855,7 @@ fastsample_ticker_stats(PyObject *module, PyObject *unused)
 {
     (void)module;
     (void)unused;
-    double ticker_cpu = 0.0;
+    double ticker_cpu = ticker.exit_cpu_s;  /* after ticker_stop: what it had spent */
     if (ticker.running) {
         clockid_t cid;
         struct timespec ts;

@@ -294,6 +294,8 @@ class Agent:
         #: the monitor's last timings and until when they hold
         self._monitor_plan: dict[str, Any] | None = None
         self._monitor_plan_until = -math.inf
+        #: the monitor has sent a detailing request under its current plan
+        self._monitor_requests = False
         #: delays in force: the local plan's, or the monitor's where they spend less
         self.sample_delay_s = self.plan.sample_delay_s
         self.report_delay_s = self.plan.report_delay_s
@@ -567,6 +569,7 @@ class Agent:
         theirs = self._monitor_plan if now < self._monitor_plan_until else None
         if theirs is None:
             self._monitor_plan = None
+            self._monitor_requests = False
             self.scheduler.set_delays(self.plan.detail_delay_s, now)
             self._detail_at = min(self._detail_at, self.scheduler.next_event())
         else:
@@ -574,7 +577,25 @@ class Agent:
             # its timings are taken only where they spend no more than ours.
             sample = max(sample, float(theirs.get("sample_delay_s", sample)))
             report = max(report, float(theirs.get("report_delay_s", report)))
-            self.scheduler.set_delays({}, now)
+            if self._monitor_requests:
+                self.scheduler.set_delays({}, now)
+            else:
+                # Until its first request our own bursts go on, at the slower
+                # of the two delays and only for the proflets it details at
+                # all: its first plan comes with our first report, and its
+                # first request up to a delay later; a short run (or the
+                # first seconds of a long one) would otherwise go undetailed.
+                wanted = theirs.get("detail_delay_s")
+                wanted = wanted if isinstance(wanted, dict) else {}
+                self.scheduler.set_delays(
+                    {
+                        name: max(delay, float(wanted[name]))
+                        for name, delay in self.plan.detail_delay_s.items()
+                        if isinstance(wanted.get(name), int | float)
+                    },
+                    now,
+                )
+                self._detail_at = min(self._detail_at, self.scheduler.next_event())
         self.sample_delay_s, self.report_delay_s = sample, report
         if self.ticker:
             self._sync_ticker()
@@ -1192,6 +1213,10 @@ class Agent:
                 name = body.get("proflet")
                 # Only while the monitor's plan holds: on our own we keep our own schedule.
                 if name in self.proflet_costs and self._monitor_plan is not None:
+                    if not self._monitor_requests:
+                        # From now on the monitor says when.
+                        self._monitor_requests = True
+                        self.scheduler.set_delays({}, self.clock())
                     if name in self._bursts:
                         # The monitor takes a burst as done at its planned length;
                         # this one runs later than it thinks (it waited for the

@@ -7,10 +7,14 @@ burst results come back, and the agent takes over when the monitor goes.
 """
 
 import os
+import threading
 import time
 from typing import Any
 
+import zmq
+
 import agent
+from agent import protocol
 from agent.proflet import Collector, DetailContext
 from tests.integration.conftest import MonitorThread, free_port, wait_for
 
@@ -31,6 +35,12 @@ def _busy_until(predicate, timeout: float, what: str) -> None:  # type: ignore[n
         if predicate():
             return
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def _busy_for(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        hot(2000)
 
 
 def _within_budget(a: Any) -> None:
@@ -127,3 +137,85 @@ def test_a_collector_that_raises_is_switched_off_and_the_agent_goes_on(monitor_t
         assert a.alive
     finally:
         agent.stop()
+
+
+class QuietMonitor:
+    """A monitor that answers every report with a plan and asks for a burst only when told to.
+
+    A real ROUTER socket on its own thread; the real monitor would send its
+    own requests, and the test could not tell whose burst it saw.
+    """
+
+    def __init__(self, detail_delay_s: dict[str, float]) -> None:
+        self.plan = {"sample_delay_s": 0.002, "report_delay_s": 1.0, "detail_delay_s": detail_delay_s, "fract": 0.4}
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.linger = 0
+        self.endpoint = f"tcp://127.0.0.1:{self._sock.bind_to_random_port('tcp://127.0.0.1')}"
+        self._ask = threading.Event()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def ask(self) -> None:
+        self._ask.set()
+
+    def _serve(self) -> None:
+        peer = None
+        while not self._done.is_set():
+            if self._sock.poll(50):
+                peer, data = self._sock.recv_multipart()
+                msg_type, _ = protocol.decode(data)
+                if msg_type == protocol.REPORT:
+                    self._sock.send_multipart([peer, protocol.encode(protocol.CONFIGURE, {"plan": self.plan})])
+            if peer is not None and self._ask.is_set():
+                self._ask.clear()
+                self._sock.send_multipart([peer, protocol.encode(protocol.DETAIL, {"proflet": "cpu"})])
+
+    def close(self) -> None:
+        self._done.set()
+        self._thread.join()
+        self._sock.close()
+        self._ctx.term()
+
+
+def test_the_agent_details_on_its_own_until_the_monitors_first_request():
+    quiet = QuietMonitor({"cpu": 0.3})
+    agent.start(quiet.endpoint, "10%", proflets=("cpu",))
+    try:
+        a = agent._agent
+        assert a is not None
+        _busy_until(lambda: a._monitor_plan is not None, timeout=20, what="the monitor's plan")
+        planned = a.bursts_total
+        _busy_until(lambda: a.bursts_total >= planned + 2, timeout=30, what="own bursts under the monitor's plan")
+        assert not a._monitor_requests
+        _within_budget(a)
+
+        quiet.ask()
+        _busy_until(lambda: a._monitor_requests, timeout=20, what="the monitor's request")
+        asked = a.bursts_total  # a burst running now ends, and the requested one follows it
+        _busy_until(lambda: a.bursts_total > asked and not a._bursts, timeout=20, what="the requested burst")
+        _busy_for(3.0)
+        # From the first request on, the monitor alone says when.
+        assert a.scheduler.delays == {} and a.scheduler.due == {}
+        assert a.bursts_total <= asked + 2
+        _within_budget(a)
+    finally:
+        agent.stop()
+        quiet.close()
+
+
+def test_no_own_bursts_of_a_proflet_the_monitor_does_not_detail():
+    quiet = QuietMonitor({})  # its plan details nothing
+    agent.start(quiet.endpoint, "10%", proflets=("cpu",))
+    try:
+        a = agent._agent
+        assert a is not None
+        _busy_until(lambda: a._monitor_plan is not None, timeout=20, what="the monitor's plan")
+        planned = a.bursts_total
+        _busy_for(3.0)
+        assert a.scheduler.due == {}
+        assert a.bursts_total <= planned + 1  # at most one that was running when the plan came
+    finally:
+        agent.stop()
+        quiet.close()

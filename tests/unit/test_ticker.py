@@ -145,6 +145,28 @@ def test_an_idle_process_is_sampled_by_the_ticker_itself(ticker: tuple[int, int]
     assert all(stack for _, stack in counts)
 
 
+def test_the_tickers_cpu_time_is_still_counted_after_it_stops() -> None:
+    # The agent's last report charges sampling after ticker_stop: a ticker
+    # CPU clock that read 0 once the thread was gone refunded all of it.
+    r, w = os.pipe()
+    try:
+        fast.ticker_start(threading.get_ident() + 1, w)
+        try:
+            fast.ticker_set(0.001, 0.25, 1.0, BIG, BIG)
+            deadline = time.monotonic() + 10
+            while (running := fast.ticker_stats())["by_ticker"] < 50 and time.monotonic() < deadline:
+                time.sleep(0.05)  # the GIL is free: the ticker samples by itself
+        finally:
+            fast.ticker_stop()
+        stopped = fast.ticker_stats()
+    finally:
+        os.close(r)
+        os.close(w)
+    assert running["by_ticker"] >= 50, running
+    assert running["ticker_cpu_s"] > 0
+    assert stopped["ticker_cpu_s"] >= running["ticker_cpu_s"]
+
+
 def test_an_empty_bucket_stops_the_ticker_and_money_restarts_it(ticker: tuple[int, int]) -> None:
     fast.ticker_set(0.002, 0.25, 0.0, 0.0, 0.0)  # no money, none accruing
     before = fast.ticker_stats()
