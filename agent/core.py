@@ -304,6 +304,8 @@ class Agent:
         self._ticker_last: dict[str, Any] = {}
         #: costs charged since the last drain, spread over the samples it brought
         self._undrained_s = 0.0
+        #: the loop's wake-ups since the last report, with the ticker part of a report's cost
+        self._report_wakes_s = 0.0
         #: expected GIL hand-off cost of one wake-up of the agent's thread
         self._handoff_s = 0.0
 
@@ -438,7 +440,9 @@ class Agent:
                 self._ticker_step(drain=early and now >= next_sample)
                 if early and now >= next_sample:
                     early_drains += 1
-                    next_sample = now + TICKER_EARLY_DRAIN_S * 2**early_drains
+                    # Not before a few samples can have come: at 0.1% a wake-up
+                    # every 0.1 s drained nothing and cost more than sampling.
+                    next_sample = now + max(TICKER_EARLY_DRAIN_S * 2**early_drains, 4 * self.sample_delay_s)
                 elif not early:
                     next_sample = math.inf
             elif now >= next_sample:
@@ -516,7 +520,13 @@ class Agent:
                 else:
                     self._window_costs["wake"] += rest
                     self.guard.charge(rest, self.clock(), "wake")
-                    self._undrained_s += rest
+                    if self.ticker:
+                        # The ticker samples without this loop: what wakes it
+                        # is reports, the messages that answer them and the
+                        # drains before them. Spread over the samples, those
+                        # made sampling at 0.1% look five times dearer (one
+                        # sample every 2 s); they are the reports' price.
+                        self._report_wakes_s += rest
             remaining_ms = (wake - self.clock()) * 1000.0
             timeout_ms = math.ceil(remaining_ms) if remaining_ms > 0 else 0
             for item, _ in poller.poll(timeout_ms):
@@ -1052,6 +1062,9 @@ class Agent:
             "threads": self._thread_names(),
             # this window's sampling and earlier reports; this report's own cost goes in the next
             "costs": dict(self._window_costs),
+            # what one sample and one report cost, as our own plan has them (the
+            # monitor plans with these: only we know which wake-ups are whose)
+            "unit_costs": {"sample": self.sample_cost_s, "report": self.report_cost_s},
             "spent_s": self.guard.spent_s,
             "startup_s": self.startup_s,
             "elapsed_s": now - self.guard.started,
@@ -1091,7 +1104,8 @@ class Agent:
         self._window_costs["report"] += spent
         self._accounted_s += spent
         self.guard.charge(spent, self.clock(), "report")
-        self.report_cost_s += EWMA_ALPHA * 4 * (spent - self.report_cost_s)
+        self.report_cost_s += EWMA_ALPHA * 4 * (spent + self._report_wakes_s - self.report_cost_s)
+        self._report_wakes_s = 0.0
         self._replan()
 
     def _collector_data(self, window_s: float) -> dict[str, Any]:

@@ -215,6 +215,7 @@ _SCHEMAS: dict[str, Callable[[Body], None]] = {
         {
             "threads": _list_of(_tuple_of(_is_int, _is_str)),
             "costs": _COSTS,  # seconds spent in the window: sample, report, detail
+            "unit_costs": _COSTS,  # the agent's estimates of one sample and one report, in seconds
             "spent_s": _is_num,  # total seconds spent since start
             "startup_s": _is_num,  # one-time start-up work (loading proflets), not in spent_s
             "elapsed_s": _is_num,  # wall seconds since start

@@ -143,11 +143,18 @@ class AgentSchedule:
             self.budget = float(report["budget"])
         costs = report.get("costs") or {}
         samples = report.get("samples") or 0
-        if samples > 0 and costs.get("sample", 0) > 0:
-            # A sample's wake-up (the loop around it, GIL held) is part of its cost.
-            self.sample_cost_s = (float(costs["sample"]) + float(costs.get("wake", 0.0))) / samples
-        if costs.get("report", 0) > 0:
-            self.report_cost_s = float(costs["report"])
+        units = report.get("unit_costs") or {}
+        if units.get("sample", 0) > 0 and units.get("report", 0) > 0:
+            # The agent's own estimates: it knows which of its wake-ups are
+            # a sample's and which a report's, and plans with the same numbers.
+            self.sample_cost_s = float(units["sample"])
+            self.report_cost_s = float(units["report"])
+        else:
+            if samples > 0 and costs.get("sample", 0) > 0:
+                # A sample's wake-up (the loop around it, GIL held) is part of its cost.
+                self.sample_cost_s = (float(costs["sample"]) + float(costs.get("wake", 0.0))) / samples
+            if costs.get("report", 0) > 0:
+                self.report_cost_s = float(costs["report"])
         delays = report.get("delays") or {}
         if isinstance(delays.get("sample_lag"), int | float):
             self.sample_lag_s = max(0.0, float(delays["sample_lag"]))

@@ -43,6 +43,26 @@ def test_every_report_gets_the_plan_computed_from_the_agents_measured_costs():
     protocol.decode(protocol.encode(*out[0]), protocol.AGENT_ACCEPTS)
 
 
+def test_the_agents_own_unit_costs_are_planned_with_when_it_sends_them():
+    # With the ticker the agent's wake-ups are reports' costs, not samples':
+    # the window's ledger cannot say so, the agent's estimates can.
+    s = _schedule()
+    report = {**_report(samples=100, sample_s=0.005), "unit_costs": {"sample": 120e-6, "report": 0.004}}
+    report["costs"]["wake"] = 0.01
+    s.on_report(report, now=0.0, priorities=lambda n: None)
+    assert (s.sample_cost_s, s.report_cost_s) == (120e-6, 0.004)
+    expected = plan(0.05, 120e-6, 0.004)
+    assert s.plan is not None and s.plan.sample_delay_s == pytest.approx(expected.sample_delay_s)
+    # An agent that sends none: the window's ledger, wake-ups per sample.
+    s2 = _schedule()
+    s2.on_report(
+        {**_report(samples=100, sample_s=0.005), "costs": {"sample": 0.005, "wake": 0.01, "report": 0.002}},
+        0.0,
+        lambda n: None,
+    )
+    assert s2.sample_cost_s == pytest.approx(150e-6) and s2.report_cost_s == 0.002
+
+
 def test_analyzer_priority_overrides_the_agents_and_changes_the_plan():
     s = _schedule()
     s.on_report(_report({"cpu": _state(prty=0.5)}), 0.0, lambda n: None)

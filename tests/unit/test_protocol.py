@@ -25,6 +25,10 @@ def test_round_trip_report():
     msg_type, body = decode(encode(protocol.REPORT, report()))
     assert msg_type == protocol.REPORT
     assert body["stacks"] == [[7, 3, [0]]]
+    assert (
+        decode(encode(protocol.REPORT, report(unit_costs={"sample": 1e-4, "report": 2e-3})))[1]["unit_costs"]["report"]
+        == 2e-3
+    )
 
 
 @pytest.mark.parametrize(
@@ -56,6 +60,8 @@ def test_malformed_frames_raise_decode_error(data):
         ("strings", [[0, 5]]),
         ("samples", True),
         ("t", None),
+        ("unit_costs", {"sample": "fast"}),
+        ("unit_costs", [1e-4, 1e-3]),
     ],
 )
 def test_wrong_types_are_rejected(field, value):
