@@ -34,7 +34,16 @@ from typing import Any, Final
 import zmq
 
 from agent import protocol
-from agent.budget import MIN_SAMPLE_DELAY_S, MIN_THREAD_SAMPLE_DELAY_S, Guard, Plan, ProfletCosts, cost, plan
+from agent.budget import (
+    MIN_REPORT_DELAY_S,
+    MIN_SAMPLE_DELAY_S,
+    MIN_THREAD_SAMPLE_DELAY_S,
+    Guard,
+    Plan,
+    ProfletCosts,
+    cost,
+    plan,
+)
 from agent.proflet import Collector, DetailContext, ReportContext
 from agent.schedule import CALIBRATION_ALPHA, BurstCost, DetailScheduler, calibrate, combine, fit_interval
 from agent.tables import UNDECIDED, WAITS, Tables
@@ -420,7 +429,10 @@ class Agent:
         now = self.clock()
         next_sample = now + (TICKER_EARLY_DRAIN_S if self.ticker else self._jitter(self.sample_delay_s))
         early_drains = 0
-        next_report = now + self.report_delay_s
+        # The first report within a second, whatever the budget: the views show
+        # the process and the monitor plans with its measured costs. At 0.1%
+        # the planned delay is 30 s, and a short run reported nothing until it ended.
+        next_report = now + min(self.report_delay_s, MIN_REPORT_DELAY_S)
         next_hello = now + HELLO_RETRY_S
         next_replan = now + REPLAN_S
         while not self._stopping.is_set():

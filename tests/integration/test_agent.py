@@ -86,6 +86,27 @@ def test_live_budget_change_reaches_the_agent(monitor_thread):
         agent.stop()
 
 
+def test_at_a_tenth_of_a_percent_the_first_report_comes_within_seconds_and_carries_samples(monitor_thread):
+    # The plan's report delay at 0.1% is 30 s; the first report does not wait for it.
+    agent.start(monitor_thread.endpoint, "0.1%", proflets=())
+    try:
+        m = monitor_thread.monitor
+        end = time.monotonic() + 10
+        while time.monotonic() < end and not ((s := m.session_for(os.getpid())) and s.reports):
+            sum(i * i for i in range(1000))
+        assert s and s.reports, "no report within 10 s at 0.1%"
+        a = agent._agent
+        assert a is not None and a.report_delay_s > 10  # the plan's delay, which the first report did not wait for
+        # ... and the samples go on at a few per second (a sample every few hundred ms)
+        taken = a.samples_taken
+        end = time.monotonic() + 5
+        while time.monotonic() < end:
+            sum(i * i for i in range(1000))
+        assert a.samples_taken - taken >= 3, (a.sample_delay_s, a.sample_cost_s, a.guard.spent_by)
+    finally:
+        agent.stop()
+
+
 def test_budget_holds_with_no_monitor_at_all():
     endpoint = f"tcp://127.0.0.1:{free_port()}"  # nobody listens
     agent.start(endpoint, "1%")
