@@ -6,9 +6,11 @@ the one operation in flight), the monitor's requests reach the agent, the
 burst results come back, and the agent takes over when the monitor goes.
 """
 
+import contextlib
 import os
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import zmq
@@ -179,13 +181,23 @@ class QuietMonitor:
         self._ctx.term()
 
 
-def test_the_agent_details_on_its_own_until_the_monitors_first_request():
-    quiet = QuietMonitor({"cpu": 0.3})
+@contextlib.contextmanager
+def _under_quiet_plan(detail_delay_s: dict[str, float]) -> Iterator[tuple[Any, QuietMonitor]]:
+    """The agent in this process (cpu at 10%), once the quiet monitor's plan holds."""
+    quiet = QuietMonitor(detail_delay_s)
     agent.start(quiet.endpoint, "10%", proflets=("cpu",))
     try:
         a = agent._agent
         assert a is not None
         _busy_until(lambda: a._monitor_plan is not None, timeout=20, what="the monitor's plan")
+        yield a, quiet
+    finally:
+        agent.stop()
+        quiet.close()
+
+
+def test_the_agent_details_on_its_own_until_the_monitors_first_request():
+    with _under_quiet_plan({"cpu": 0.3}) as (a, quiet):
         planned = a.bursts_total
         _busy_until(lambda: a.bursts_total >= planned + 2, timeout=30, what="own bursts under the monitor's plan")
         assert not a._monitor_requests
@@ -200,22 +212,11 @@ def test_the_agent_details_on_its_own_until_the_monitors_first_request():
         assert a.scheduler.delays == {} and a.scheduler.due == {}
         assert a.bursts_total <= asked + 2
         _within_budget(a)
-    finally:
-        agent.stop()
-        quiet.close()
 
 
 def test_no_own_bursts_of_a_proflet_the_monitor_does_not_detail():
-    quiet = QuietMonitor({})  # its plan details nothing
-    agent.start(quiet.endpoint, "10%", proflets=("cpu",))
-    try:
-        a = agent._agent
-        assert a is not None
-        _busy_until(lambda: a._monitor_plan is not None, timeout=20, what="the monitor's plan")
+    with _under_quiet_plan({}) as (a, _):  # its plan details nothing
         planned = a.bursts_total
         _busy_for(3.0)
         assert a.scheduler.due == {}
         assert a.bursts_total <= planned + 1  # at most one that was running when the plan came
-    finally:
-        agent.stop()
-        quiet.close()
