@@ -65,8 +65,13 @@ def test_monitor_schedules_cpu_detailing_and_the_call_counts_arrive(monitor_thre
         session = m.session_for(os.getpid())
         state = next(iter(session.agents.values()))
         schedule = m.schedules[state.agent_id]
-        assert schedule.requests >= 1  # the monitor asked for the burst ...
-        assert state.mode == "monitor"  # ... and the agent was following its timings
+        # The first bursts may be the agent's own (it keeps its schedule until
+        # the monitor's first request): wait for a burst the monitor asked for.
+        _busy_until(lambda: schedule.requests >= 1 and a._monitor_requests, timeout=30, what="the monitor's request")
+        asked = a.bursts_total
+        _busy_until(lambda: a.bursts_total > asked and not a._bursts, timeout=30, what="a burst after the request")
+        assert state.mode == "monitor"  # the agent was following the monitor's timings
+        assert a.scheduler.delays == {}  # ... and bursts only when asked
         assert session.costs["detail"] > 0  # its cost was charged and reported
         assert a.proflets_off == {}
         _within_budget(a)
