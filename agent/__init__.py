@@ -39,25 +39,88 @@ _agent: Agent | None = None
 _added_paths: list[str] = []
 
 
-def check_endpoint(endpoint: str) -> str:
-    """Refuse endpoints that would send profiles off this host unencrypted."""
+#: (monitor's public key, agent's public key, agent's secret key), z85-encoded
+CurveKeys = tuple[bytes, bytes, bytes]
+
+
+def check_endpoint(endpoint: str, *, curve: bool = False) -> str:
+    """Refuse endpoints that would send profiles off this host unencrypted.
+
+    ``curve``: CURVE keys are in use, so any host will do.
+    """
     if endpoint.startswith(("ipc://", "inproc://")):
         return endpoint
     if not endpoint.startswith("tcp://"):
         raise ValueError(f"monitor endpoint {endpoint!r}: use tcp://HOST:PORT or ipc://PATH")
+    if curve or is_loopback_endpoint(endpoint):
+        return endpoint
+    raise ValueError(
+        f"monitor endpoint {endpoint!r} is not on loopback; profiles would cross the network "
+        "unencrypted: use a loopback address, or CURVE keys made with `dyper keys` (the monitor's "
+        "public key and this agent's secret key: --monitor-key and --key, $DYPER_MONITOR_KEY and "
+        "$DYPER_KEY, or start(monitor_key=..., key=...))"
+    )
+
+
+def is_loopback_endpoint(endpoint: str) -> bool:
+    """A ``tcp://`` endpoint on this host's loopback interface."""
     host = urlsplit(endpoint).hostname or ""
-    loopback = host == "localhost"
-    if not loopback:
-        try:
-            loopback = ipaddress.ip_address(host).is_loopback
-        except ValueError:
-            loopback = False
-    if not loopback:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def load_keys(monitor_key: str | None, key: str | None) -> CurveKeys | None:
+    """Read the CURVE certificates made by ``dyper keys``; None when neither is given.
+
+    ``monitor_key``: the monitor's public certificate (``NAME.key``);
+    ``key``: this agent's secret certificate (``NAME.key_secret``).
+    Raises :class:`ValueError` with one line for the user.
+    """
+    if not monitor_key and not key:
+        return None
+    if not monitor_key or not key:
         raise ValueError(
-            f"monitor endpoint {endpoint!r} is not on loopback; profiles would cross the network "
-            "unencrypted: use a loopback address (CURVE-secured remote monitors come with `dyper keys`)"
+            "CURVE needs both keys: the monitor's public key (--monitor-key, $DYPER_MONITOR_KEY) "
+            "and this agent's secret key (--key, $DYPER_KEY); make them with `dyper keys`"
         )
-    return endpoint
+    server, server_secret = _certificate(monitor_key, "monitor key")
+    if server_secret is not None:
+        raise ValueError(
+            f"monitor key {monitor_key}: this is a secret certificate; give the monitor's public one "
+            "(NAME.key): its secret stays on the monitor's host"
+        )
+    public, secret = _certificate(key, "agent key")
+    if secret is None:
+        raise ValueError(f"agent key {key}: no secret key in it; give the agent's NAME.key_secret made by `dyper keys`")
+    return server, public, secret
+
+
+def _certificate(path: str, what: str) -> tuple[bytes, bytes | None]:
+    from zmq.auth.certs import load_certificate  # only here: most agents use no keys
+    from zmq.utils import z85
+
+    path = os.path.expanduser(path)
+    try:
+        public, secret = load_certificate(path)
+    except OSError as exc:
+        reason = exc.strerror or "no such file"
+        raise ValueError(f"{what} {path}: {reason}; make one with `dyper keys`") from None
+    except ValueError:
+        raise ValueError(f"{what} {path}: not a certificate made by `dyper keys` (no public key in it)") from None
+    for k in (public, secret):
+        try:
+            ok = k is None or (len(k) == 40 and len(z85.decode(k)) == 32)
+        except (ValueError, KeyError):
+            ok = False
+        if not ok:
+            raise ValueError(
+                f"{what} {path}: its key is damaged (not 40 Z85 characters); make a new one with `dyper keys`"
+            )
+    return public, secret
 
 
 def start(
@@ -67,6 +130,8 @@ def start(
     ceiling: float | str | None = None,
     attach_token: str | None = None,
     proflets: tuple[Any, ...] | None = None,
+    monitor_key: str | None = None,
+    key: str | None = None,
 ) -> str:
     """Start the agent and return its id; if it already runs, apply the budget.
 
@@ -77,14 +142,34 @@ def start(
     :class:`agent.proflet.Collector` instance may stand for a name), then
     ``$DYPER_PROFLETS`` (comma-separated; empty for sampling only; ``all``
     for every registered proflet).
+    ``monitor_key`` (the monitor's public certificate) and ``key`` (this
+    agent's secret certificate), paths made by ``dyper keys``, default to
+    ``$DYPER_MONITOR_KEY`` and ``$DYPER_KEY``; given, the connection uses
+    CURVE, which any endpoint off loopback requires. They are read here, once.
     Thread-safe and idempotent.
     """
-    global _agent
     from agent.protocol import parse_budget
 
-    endpoint = check_endpoint(monitor or os.environ.get("DYPER_MONITOR") or DEFAULT_MONITOR)
+    # In the caller's thread: a bad key file is an error from start(), not a crash later.
+    curve = load_keys(
+        monitor_key if monitor_key is not None else os.environ.get("DYPER_MONITOR_KEY"),
+        key if key is not None else os.environ.get("DYPER_KEY"),
+    )
+    endpoint = check_endpoint(monitor or os.environ.get("DYPER_MONITOR") or DEFAULT_MONITOR, curve=curve is not None)
     fraction = parse_budget(budget if budget is not None else os.environ.get("DYPER_BUDGET", "1%"))
     cap = parse_budget(ceiling) if ceiling is not None else None
+    return _start(endpoint, fraction, cap, attach_token, proflets, curve)
+
+
+def _start(
+    endpoint: str,
+    fraction: float,
+    cap: float | None,
+    attach_token: str | None,
+    proflets: tuple[Any, ...] | None,
+    curve: CurveKeys | None,
+) -> str:
+    global _agent
     with _lock:
         if _agent is not None and _agent.alive and _agent.pid == os.getpid():
             _agent.set_budget(fraction)
@@ -99,7 +184,7 @@ def start(
             kwargs["proflets"] = None  # every registered proflet
         elif proflets is not None:
             kwargs["proflets"] = tuple(proflets)
-        new = Agent(endpoint, fraction, attach_token=attach_token, ceiling=cap, on_exit=_on_exit, **kwargs)
+        new = Agent(endpoint, fraction, attach_token=attach_token, ceiling=cap, curve=curve, on_exit=_on_exit, **kwargs)
         _agent = new
         _install_fork_handler()
         atexit.unregister(_at_exit)
@@ -186,4 +271,6 @@ def _after_fork_in_child() -> None:
             with contextlib.suppress(OSError):
                 os.close(fd)
         with contextlib.suppress(Exception):  # never break the child over profiling
-            start(parent.endpoint, parent.budget, ceiling=parent.ceiling)
+            # The parent's keys, not the files again: a worker may have dropped
+            # the privileges that could read them.
+            _start(parent.endpoint, parent.budget, parent.ceiling, None, None, parent.curve)

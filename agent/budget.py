@@ -4,7 +4,14 @@ Both halves are pure: no I/O, no threads, time comes in as arguments. The
 monitor and the agent run the same planner, so the agent can keep to the
 budget on its own when no monitor is connected.
 
-Budget ``B`` is the fraction of the process's wall-clock time analysis may take.
+Budget ``B`` is the overhead analysis may cause, measured the way DYPER and
+bench/overhead.py measure it: as a slowdown, the application's time with the
+agent over its time without, minus one. Analysis that takes ``s`` seconds of a
+wall-clock span ``T`` leaves the application ``T - s`` for its own work, a
+slowdown of ``s / (T - s)``; so the agent may take ``B / (1 + B)`` of wall
+time (``wall_share``): 0.99% at 1%, 9.1% at 10%, 20% at 25%. Below a few
+percent the two readings agree; at 25% a spend of 25% of wall time was a
+slowdown of 33%. Everything below is in wall time at that share.
 Per proflet ``p`` the proflet supplies OVHD(p) (ms, fixed cost of one
 detailing), SLOW(p) (slowdown factor while detailing), ITVL(p) (ms, length of
 one detailing) and PRTY(p) in [0, 1]. Then, exactly as in the paper::
@@ -17,7 +24,7 @@ one detailing) and PRTY(p) in [0, 1]. Then, exactly as in the paper::
 FRACT(P)*B goes to stack sampling (90%) and reporting (10%); the rest is
 shared among proflets in proportion to TPRI. A share ``s`` of the budget,
 spent on a proflet whose detailing costs COST(p), allows one detailing every
-``COST(p) / (s * B)`` ms.
+``COST(p) / (s * W)`` ms, with ``W = wall_share(B)``.
 
 One step beyond the paper, which left most of a high budget unspent: when
 sampling cannot use its share (its delay is at the floor, or the sampler
@@ -103,6 +110,31 @@ def _clamp(value: float, low: float, high: float) -> float:
     return min(max(value, low), high)
 
 
+def wall_share(budget: float) -> float:
+    """The share of wall-clock time an overhead budget allows the analysis: B / (1 + B)."""
+    return budget / (1.0 + budget)
+
+
+def slowdown(spent_s: float, elapsed_s: float) -> float:
+    """The overhead a spend amounts to: ``spent_s`` over the ``elapsed_s - spent_s`` left to the application.
+
+    Capped at 100 (a spend of nearly all the time), so it stays a finite number.
+    """
+    if not (elapsed_s > 0 and spent_s > 0):  # NaN too: a report's figures are not trusted
+        return 0.0
+    rest = elapsed_s - spent_s
+    return min(100.0, spent_s / rest) if rest > 0 else 100.0
+
+
+def slowdown_by(spent_s: dict[str, float], elapsed_s: float) -> dict[str, float]:
+    """The overhead by what it was spent on: shares of ``slowdown`` of the total, in proportion."""
+    total = sum(spent_s.values())
+    if total <= 0:
+        return dict.fromkeys(spent_s, 0.0)
+    whole = slowdown(total, elapsed_s)
+    return {k: whole * v / total for k, v in spent_s.items()}
+
+
 def plan(
     budget: float,
     sample_cost_s: float,
@@ -125,11 +157,12 @@ def plan(
     """
     if budget <= 0:
         raise ValueError("budget must be positive")
+    wall = wall_share(budget)
     active = [p for p in proflets if p.prty > 0]
     mean_prty = sum(p.prty for p in active) / len(active) if active else 0.0
     f = fract(mean_prty)
-    sampling = f * budget * SAMPLING_SHARE
-    reporting = f * budget * REPORTING_SHARE
+    sampling = f * wall * SAMPLING_SHARE
+    reporting = f * wall * REPORTING_SHARE
     sample_delay = _clamp(sample_cost_s / sampling, min_sample_delay_s, MAX_SAMPLE_DELAY_S)
     report_delay = _clamp(report_cost_s / reporting, MIN_REPORT_DELAY_S, MAX_REPORT_DELAY_S)
 
@@ -138,7 +171,7 @@ def plan(
     total_tpri = sum(tpri(p) for p in active)
     # The part of sampling's share it cannot spend, as a fraction of B.
     can_spend = sample_cost_s / (sample_delay + max(sample_lag_s, 0.0))
-    unused = max(0.0, sampling - can_spend) / budget if total_tpri > 0 else 0.0
+    unused = max(0.0, sampling - can_spend) / wall if total_tpri > 0 else 0.0
     for p in proflets:
         share = (1.0 - f + unused) * tpri(p) / total_tpri if total_tpri > 0 and p.prty > 0 else 0.0
         detail_share[p.name] = share
@@ -146,8 +179,8 @@ def plan(
             detail_delay[p.name] = math.inf
             continue
         # One detailing costs COST(p) ms of the process's time; at a share of
-        # the budget that is one detailing every COST / (share * B) ms.
-        delay = cost(p) / 1000.0 / (share * budget)
+        # the budget that is one detailing every COST / (share * W) ms.
+        delay = cost(p) / 1000.0 / (share * wall)
         detail_delay[p.name] = min(delay, MAX_DETAIL_DELAY_S)
     return Plan(budget, f, sample_delay, report_delay, detail_delay, detail_share)
 
@@ -155,8 +188,9 @@ def plan(
 class Guard:
     """Keeps the actual spend at or below the budget, whatever the estimates say.
 
-    A token bucket in seconds of process time: tokens accrue at ``budget``
-    seconds per wall-clock second, every measured cost is paid from it, and
+    A token bucket in seconds of process time: tokens accrue at
+    ``wall_share(budget)`` seconds per wall-clock second (so what is spent
+    slows the application by at most ``budget``), every measured cost is paid from it, and
     while it is in debt the sampler waits until the debt is repaid. The
     bucket's capacity bounds how much unused budget can be saved up and spent
     in one burst, so a quiet minute cannot buy a noisy one.
@@ -176,11 +210,16 @@ class Guard:
         self._accrue(now)
         self.budget = budget
 
+    @property
+    def rate(self) -> float:
+        """Seconds of process time that accrue per wall-clock second."""
+        return wall_share(self.budget)
+
     def _accrue(self, now: float) -> None:
         elapsed = max(0.0, now - self._last)
         self._last = now
-        cap = self.budget * self.capacity_s
-        self._tokens = min(cap, self._tokens + elapsed * self.budget)
+        rate = self.rate
+        self._tokens = min(rate * self.capacity_s, self._tokens + elapsed * rate)
 
     def charge(self, seconds: float, now: float, what: str = "other") -> None:
         """Pay for work that took ``seconds`` of the process's time (``what`` names the ledger line)."""
@@ -203,9 +242,8 @@ class Guard:
         self._accrue(now)
         need = expected_s - self._tokens
         # A nanosecond is float rounding, not overspending.
-        return 0.0 if need <= 1e-9 else need / self.budget
+        return 0.0 if need <= 1e-9 else need / self.rate
 
     def overhead(self, now: float) -> float:
-        """Fraction of wall time spent so far."""
-        elapsed = now - self.started
-        return self.spent_s / elapsed if elapsed > 0 else 0.0
+        """The overhead so far: the slowdown what was spent caused (compare with the budget)."""
+        return slowdown(self.spent_s, now - self.started)

@@ -11,7 +11,10 @@ Everything here runs in someone's production process, so:
 * every cost we add (sampling, encoding, sending) is measured and charged to
   the budget, and the guard holds the spend under it even without a monitor;
 * no exception escapes into the application: the thread catches everything,
-  reports it to the monitor and, if it cannot go on, stops cleanly.
+  reports it to the monitor and, if it cannot go on, stops cleanly;
+* no proflet can stall it: a second daemon thread, ``dyper-watchdog``, gives
+  up a sampler thread stuck in a collector hook, switches that proflet off
+  and starts a replacement sampler thread (see _watch).
 """
 
 from __future__ import annotations
@@ -29,12 +32,15 @@ import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from types import FrameType
-from typing import Any, Final
+from typing import Any, Final, NoReturn, ParamSpec, TypeVar
 
 import zmq
 
 from agent import protocol
 from agent.budget import (
+    MAX_DETAIL_DELAY_S,
+    MAX_REPORT_DELAY_S,
+    MAX_SAMPLE_DELAY_S,
     MIN_REPORT_DELAY_S,
     MIN_SAMPLE_DELAY_S,
     MIN_THREAD_SAMPLE_DELAY_S,
@@ -46,7 +52,7 @@ from agent.budget import (
 )
 from agent.proflet import Collector, DetailContext, ReportContext
 from agent.schedule import CALIBRATION_ALPHA, BurstCost, DetailScheduler, calibrate, combine, fit_interval
-from agent.tables import UNDECIDED, WAITS, Tables
+from agent.tables import UNDECIDED, WAITS, Tables, forget_decoded
 
 _fast: Any
 try:  # the optional C walker (agent/_fastsample.c); the pure-Python one is the reference
@@ -67,9 +73,14 @@ AGENT_VERSION: Final = "0.1.0"
 MAX_PENDING_STACKS: Final = 50_000
 #: Reports ZeroMQ may hold for a connected but slow monitor before sends fail.
 SEND_HWM: Final = 8
+#: Largest message taken from the monitor (a configure with its plan is well under 1 KiB).
+MAX_RECEIVED_BYTES: Final = 1 << 20
 #: how long the last report and the bye may take to leave when the agent stops (ms);
 #: stop() waits about twice as long at interpreter exit
 CLOSE_LINGER_MS: Final = 400
+#: An agent stopped this soon after its start may still be connecting: its stop waits for
+#: the connection (at most CLOSE_LINGER_MS) so that its hello, counts and bye get out.
+SHORT_LIFE_S: Final = 1.0
 
 #: Starting guesses until the first measurements come in; deliberately high so
 #: the first plan errs on the side of spending less.
@@ -90,6 +101,12 @@ TICKER_EARLY_DRAIN_S: Final = 0.1
 TICKER_EARLY_DRAINS: Final = 5
 #: How often to retry the hello while no monitor has accepted the connection.
 HELLO_RETRY_S: Final = 0.5
+#: The first retry, doubling up to HELLO_RETRY_S, each with a wake-up of its
+#: own: the first hello usually goes before the connection is up, and
+#: waiting for the next sample or report to retry kept a just-attached agent
+#: unknown to the monitor for 0.5 to 1 s. Later retries ride on the loop's
+#: other wake-ups, so no monitor at all costs no extra wake-ups.
+HELLO_FIRST_RETRY_S: Final = 0.01
 #: Weight of a new measurement in the moving averages of costs.
 EWMA_ALPHA: Final = 0.05
 #: The monitor's timings hold this long after its last plan, or for this many
@@ -98,11 +115,23 @@ EWMA_ALPHA: Final = 0.05
 #: gone or stuck lets it lapse).
 MONITOR_PLAN_TTL_S: Final = 5.0
 MONITOR_PLAN_TTL_REPORTS: Final = 2.5
+#: Messages from the monitor taken per wake-up: a flood cannot keep the loop from sampling.
+CONTROL_BATCH: Final = 64
+#: A monitor that restarted asks once a second (monitor.server.RESYNC_INTERVAL_S);
+#: more often than this, the full tables are not sent again.
+RESYNC_MIN_S: Final = 1.0
 #: The most a detailing burst may cost, in seconds of budget (at 5%, 50 ms).
 BURST_BUDGET_S: Final = 1.0
 #: A burst whose measured slowdown passes its reservation is ended early: the
 #: proflet is dearer than it said, and the next plan knows.
 BURST_OVERRUN: Final = 1.0
+#: ... by more than this many seconds of budget (at 5%, 2.5 ms). A cheap burst
+#: reserves next to nothing (a call burst: well under a millisecond), and the
+#: events it counts come in clumps as threads take turns with the GIL: ended at
+#: the first clump past its reservation, it is cut short exactly when its count
+#: runs high, and the rates taken from such bursts came out low (a third of the
+#: truth once). What passes the reservation is still charged when the burst ends.
+BURST_SLACK_S: Final = 0.05
 #: While a burst runs, the loop wakes at least this often to charge its
 #: slowdown as it accrues (and end it if it overruns) ...
 BURST_TICK_S: Final = 0.02
@@ -121,6 +150,31 @@ DEFAULT_PROFLETS: Final = ("cpu",) if sys.version_info >= (3, 12) else ()
 #: Slots of the active-threads histogram (the last takes that many or more).
 ACTIVITY_SLOTS: Final = 65
 
+#: The hang watchdog (see _watch). A collector hook that has run longer than
+#: HANG_FACTOR times the slowest call its proflet has made so far (or its
+#: planned fixed cost, for a census that is slow by design), and at least
+#: HANG_MIN_S, is hung: the proflet is switched off and the sampler thread is
+#: given up and replaced. A second of wall time is far past any hook's normal
+#: cost (microseconds to a few hundred ms: a heap census is capped at 200 ms
+#: of CPU) yet short enough that the monitor sees only a brief gap.
+HANG_MIN_S: Final = 1.0
+HANG_FACTOR: Final = 10.0
+#: While the agent stops, a hook that has run this long is given up at once:
+#: stop() must not wait for it. Not less: a proflet's close() (tracemalloc off,
+#: its gc callback removed) took over 0.25 s on a loaded CI machine, and a
+#: close() given up leaves its hooks behind.
+STOP_HANG_S: Final = 1.0
+#: The watchdog looks once a report interval, within these bounds: its
+#: wake-up takes the GIL like the sampler's, so at low budgets it looks less
+#: often (its cost is charged as "watchdog") ...
+WATCH_MIN_S: Final = 1.0
+WATCH_MAX_S: Final = 10.0
+#: ... and while the agent stops, this often.
+WATCH_STOP_S: Final = 0.05
+WATCHDOG_NAME: Final = "dyper-watchdog"
+#: What a given-up sampler thread is renamed to (it shows in ``top -H`` until its hook returns).
+HUNG_THREAD_NAME: Final = "dyper-hung"
+
 Clock = Callable[[], float]
 
 #: What the agent's own work costs is read on the sampler thread's CPU clock.
@@ -130,6 +184,81 @@ Clock = Callable[[], float]
 #: and that slice would be counted as ours. Bursts' slowdown of the
 #: application threads is measured by the proflets themselves.
 _cost_clock: Callable[[], float] = time.thread_time
+
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+class _Abandoned(BaseException):
+    """Raised in a sampler thread the watchdog has given up on, to end it quietly.
+
+    A BaseException, so that a collector's ``except Exception`` does not keep
+    a spinning hook going; nothing outside the agent's own threads sees it.
+    """
+
+
+class _HookCall:
+    """One collector hook call in progress, as the watchdog sees it."""
+
+    __slots__ = ("_token", "cpu0", "hook", "interrupted", "limit_s", "name", "settled", "start")
+
+    def __init__(self, name: str, hook: str, start: float, cpu0: float, limit_s: float) -> None:
+        self.name = name
+        self.hook = hook
+        self.start = start
+        #: the calling thread's CPU clock at the start (what a spinning hook cost is charged from)
+        self.cpu0 = cpu0
+        self.limit_s = limit_s
+        #: set by the watchdog once it has given the thread up: interrupted, or not
+        self.settled = False
+        self.interrupted = False
+        self._token = [True]
+
+    def claim(self) -> bool:
+        """True for exactly one caller: the sampler thread as the hook returns, or the watchdog giving up on it.
+
+        list.pop is one atomic step, so the two can race without a lock (a
+        lock would be worse: the interruption could arrive while it is held).
+        """
+        try:
+            self._token.pop()
+        except IndexError:
+            return False
+        return True
+
+
+#: PyThreadState_SetAsyncExc and the NULL that withdraws a pending exception, once needed
+_async_exc: tuple[Any, Any] | None = None
+
+
+def _interrupt(ident: int, exc: type[BaseException] | None) -> bool:
+    """Raise ``exc`` in thread ``ident`` at its next bytecode (None: withdraw it); False if not possible.
+
+    The only way to stop a hook spinning in Python code. A thread blocked in
+    C (a sleep, a lock) gets it only if the call ever returns.
+    """
+    global _async_exc
+    try:
+        if _async_exc is None:
+            import ctypes  # only on a hang: not free to import
+
+            # A private prototype: setting argtypes on ctypes.pythonapi's own
+            # would change it for the application too.
+            prototype = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.py_object)
+            _async_exc = (prototype(("PyThreadState_SetAsyncExc", ctypes.pythonapi)), ctypes.py_object())
+        set_async_exc, null = _async_exc
+        return bool(set_async_exc(ident, exc if exc is not None else null) == 1)
+    except Exception:  # no ctypes here (a minimal build): the hook is left to run
+        return False
+
+
+def _thread_cpu_s(ident: int) -> float:
+    """CPU seconds of another thread of this process (its CPU clock, as time.thread_time reads its own)."""
+    try:
+        return time.clock_gettime(time.pthread_getcpuclockid(ident))
+    except (OSError, AttributeError):
+        return 0.0
 
 
 def _process_start_time() -> float:
@@ -216,11 +345,14 @@ class Agent:
         *,
         attach_token: str | None = None,
         ceiling: float | None = None,
+        curve: tuple[bytes, bytes, bytes] | None = None,
         clock: Clock = time.monotonic,
         on_exit: Callable[[Agent], None] | None = None,
         proflets: tuple[str | Collector, ...] | None = DEFAULT_PROFLETS,
     ) -> None:
         self._on_exit = on_exit
+        #: CURVE: (monitor's public key, our public key, our secret key), z85; None: no encryption
+        self.curve = curve
         self._pending_budget: float | None = None
         self.endpoint = endpoint
         self.budget = budget
@@ -267,6 +399,8 @@ class Agent:
         self._proflet_names = proflets
         #: every running collector
         self.collectors: dict[str, Collector] = {}
+        #: the interpreter's install paths (sysconfig), read by start()
+        self._paths: dict[str, str] = {}
         #: those whose sampled / report hooks are overridden (only those are called)
         self._on_sampled: list[Collector] = []
         self._on_report: list[Collector] = []
@@ -305,6 +439,8 @@ class Agent:
         self._monitor_plan_until = -math.inf
         #: the monitor has sent a detailing request under its current plan
         self._monitor_requests = False
+        #: no resync is served before this (see _resync)
+        self._resync_after = -math.inf
         #: delays in force: the local plan's, or the monitor's where they spend less
         self.sample_delay_s = self.plan.sample_delay_s
         self.report_delay_s = self.plan.report_delay_s
@@ -317,32 +453,71 @@ class Agent:
         self._report_wakes_s = 0.0
         #: expected GIL hand-off cost of one wake-up of the agent's thread
         self._handoff_s = 0.0
+        # The hang watchdog (see _watch). The sampler's state, its socket
+        # included, belongs to the thread whose id is in _ident: the watchdog
+        # sets it to 0 when it gives a thread up, the replacement to its own.
+        self._watchdog: threading.Thread | None = None
+        self._watch_poke = threading.Event()
+        #: the collector hook running on the sampler thread, if any
+        self._hook_call: _HookCall | None = None
+        #: per proflet: its slowest hook call so far, wall seconds
+        self._hook_slowest: dict[str, float] = {}
+        #: the watchdog's own cost (written only by it) and how much of it the sampler has charged
+        self._watch_spent_s = 0.0
+        self._watch_charged_s = 0.0
+        self._sock: zmq.Socket[Any] | None = None
+        self._collectors_started = False
+        self._closing = False
+        #: the watchdog has given a sampler thread up and its replacement has not started yet
+        self._handing_over = False
 
     # --- control, from any thread ---------------------------------------------------
 
     def start(self) -> None:
         self.load_proflets()
+        # Read here, in the caller's thread: sysconfig imports modules on first use, and
+        # a process that forks while our thread holds an import's module lock leaves
+        # the child's agent waiting on that lock for good (a pre-fork server forks
+        # right after start).
+        import sysconfig
+
+        self._paths = {k: v for k, v in sysconfig.get_paths().items() if isinstance(v, str)}
+        # Decided before the sampler starts taking the collectors over.
+        watched = bool(self._loaded)
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self._thread.start()
+        if watched:
+            # Only collectors' hooks can hang the sampler: without them, no watchdog.
+            self._watchdog = threading.Thread(target=self._watch, name=WATCHDOG_NAME, daemon=True)
+            self._watchdog.start()
 
     @property
     def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and not self._stopping.is_set()
+        if self._thread is None or self._stopping.is_set():
+            return False
+        return self._thread.is_alive() or self._handing_over
 
     def stop(self, timeout: float = 2.0, reason: str = "stop") -> None:
-        """Ask the sampler to send its last report and a bye, then wait for it."""
+        """Ask the sampler to send its last report and a bye, then wait for it (at most ``timeout``).
+
+        A sampler stuck in a collector hook is given up by the watchdog within
+        STOP_HANG_S and its replacement says goodbye instead.
+        """
         self._bye_reason = reason
         self._stopping.set()
         self._wake()
-        thread = self._thread
+        self._watch_poke.set()
+        me = threading.get_ident()
         # Neither Thread.join() nor threading.current_thread(): both register a
         # _DummyThread for a foreign caller (the attach bootstrap's thread),
         # which would stay in threading._active for good.
-        if thread is not None and thread.ident != threading.get_ident():
+        if self._thread is not None and self._ident != me:
             deadline = time.monotonic() + timeout
             self._stopped.wait(timeout)
-            while thread.is_alive() and time.monotonic() < deadline:
-                time.sleep(0.001)
+            # Read after the wait: a replacement may have taken over meanwhile.
+            for thread in (self._thread, self._watchdog):
+                while thread is not None and thread.ident != me and thread.is_alive() and time.monotonic() < deadline:
+                    time.sleep(0.001)
 
     def set_budget(self, budget: float) -> None:
         # Read by the sampler thread at its next wake-up; a float store is atomic.
@@ -368,64 +543,112 @@ class Agent:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDHWM, SEND_HWM)
             sock.setsockopt(zmq.RCVHWM, 64)
+            # The monitor sends only small control messages; a bigger frame
+            # (a rogue monitor) drops the connection instead of our memory.
+            sock.setsockopt(zmq.MAXMSGSIZE, MAX_RECEIVED_BYTES)
             # Only queue to a live connection: with no monitor, sends fail at
             # once and we keep counting locally instead of buffering reports.
             sock.setsockopt(zmq.IMMEDIATE, 1)
-            sock.setsockopt(zmq.RECONNECT_IVL, 200)
+            # A refused CURVE handshake (the wrong monitor key) is retried at
+            # the first interval, with no backoff: each costs key exchanges.
+            sock.setsockopt(zmq.RECONNECT_IVL, 2000 if self.curve is not None else 200)
             sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
             # Heartbeats notice a vanished monitor (SIGKILL, cable) within seconds.
             sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
             sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3000)
             sock.setsockopt(zmq.ROUTING_ID, self.agent_id.encode())
+            if self.curve is not None:
+                # The monitor's key pinned: nobody else can complete the handshake.
+                sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = self.curve
             sock.connect(self.endpoint)
             self._loop(sock)
         except BaseException as exc:  # never let anything reach the application
-            self.errors.append(f"agent stopped by {type(exc).__name__}: {exc}")
-            if sock is not None:
-                with contextlib.suppress(Exception):
-                    self._send(sock, protocol.ERROR, {"agent": self.agent_id, "message": self.errors[-1]})
+            if self._owns():  # else the watchdog gave this thread up (_Abandoned): leave quietly
+                self._failed(sock, exc)
         finally:
-            if sock is not None:
-                # The last report and the bye are only queued by send(): give
-                # them a bounded moment to leave (with no monitor connected,
-                # IMMEDIATE kept them from being queued, so this never waits).
-                with contextlib.suppress(Exception):
-                    sock.close(linger=CLOSE_LINGER_MS if self._stopping.is_set() else 0)
-            if ctx is not None:
-                with contextlib.suppress(Exception):
-                    ctx.term()
-            for collector in self.collectors.values():
-                with contextlib.suppress(Exception):
-                    collector.close()
-            if self.ticker:
-                # Before the pipe it writes to closes.
-                with contextlib.suppress(Exception):
-                    _fast.ticker_stop()
-            for fd in (self._wake_r, self._wake_w):
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-            self.counts.clear()
-            self._stopping.set()
-            self._stopped.set()
-            if self._on_exit is not None:
-                with contextlib.suppress(Exception):
-                    self._on_exit(self)
+            if self._owns():
+                with contextlib.suppress(_Abandoned):
+                    self._finish(ctx, sock)
+
+    def _owns(self) -> bool:
+        """Whether the calling thread is the sampler: the one thread that may touch its state and socket."""
+        return self._ident == threading.get_ident()
+
+    def _failed(self, sock: zmq.Socket[Any] | None, exc: BaseException) -> None:
+        self.errors.append(f"agent stopped by {type(exc).__name__}: {exc}")
+        if sock is not None and not self._closing:
+            with contextlib.suppress(Exception):
+                self._send(sock, protocol.ERROR, {"agent": self.agent_id, "message": self.errors[-1]})
+
+    def _finish(self, ctx: zmq.Context[Any] | None, sock: zmq.Socket[Any] | None) -> None:
+        """Leave nothing behind. Run again by a replacement when a collector's close() hung in it."""
+        self._closing = True
+        self._sock = None
+        if sock is not None:
+            # The last report and the bye are only queued by send(): give
+            # them a bounded moment to leave (with no monitor connected,
+            # IMMEDIATE kept them from being queued, so this never waits).
+            with contextlib.suppress(Exception):
+                sock.close(linger=CLOSE_LINGER_MS if self._stopping.is_set() else 0)
+        if ctx is not None:
+            with contextlib.suppress(Exception):
+                ctx.term()
+        while self.collectors:
+            # Out of the table before the call: a close() that hangs is not called twice.
+            name, collector = self.collectors.popitem()
+            with contextlib.suppress(Exception):
+                self._call(name, collector.close)
+        if self.ticker:
+            # Before the pipe it writes to closes.
+            with contextlib.suppress(Exception):
+                _fast.ticker_stop()
+        # Closed once: a descriptor number closed twice may by then be the application's.
+        fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), -1, -1
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.counts.clear()
+        forget_decoded()
+        self._stopping.set()
+        self._stopped.set()
+        self._watch_poke.set()
+        if self._on_exit is not None:
+            with contextlib.suppress(Exception):
+                self._on_exit(self)
 
     def _loop(self, sock: zmq.Socket[Any]) -> None:
+        self._sock = sock
+        self._start_collectors()
+        self._hello_sent = self._send_hello(sock)
+        self._start_ticker()
+        self._serve(sock)
+        self._leave(sock)
+
+    def _start_ticker(self) -> None:
+        """Sample through the C ticker (see TICKER), skipping this thread, the sampler."""
+        if not TICKER:
+            return
+        if self.ticker:
+            # A replacement sampler: the running ticker skips the thread given
+            # up. Its queue is drained first (a new start would discard it).
+            with contextlib.suppress(Exception):
+                _fast.ticker_stop()
+            self._ticker_step(drain=True)
+            self.ticker = False
+        try:
+            _fast.ticker_start(self._ident, self._wake_w)
+        except Exception as exc:  # e.g. no thread could be started: sample from here
+            self.errors.append(f"ticker unavailable ({exc}); sampling from the agent's thread")
+        else:
+            self.ticker = True
+            self._ticker_last = _fast.ticker_stats()
+            self._sync_ticker()
+
+    def _serve(self, sock: zmq.Socket[Any]) -> None:
+        """The sampler's loop, until the agent stops."""
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
-        self._start_collectors()
-        self._hello_sent = self._send_hello(sock)
-        if TICKER:
-            try:
-                _fast.ticker_start(self._ident, self._wake_w)
-            except Exception as exc:  # e.g. no thread could be started: sample from here
-                self.errors.append(f"ticker unavailable ({exc}); sampling from the agent's thread")
-            else:
-                self.ticker = True
-                self._ticker_last = _fast.ticker_stats()
-                self._sync_ticker()
         now = self.clock()
         next_sample = now + (TICKER_EARLY_DRAIN_S if self.ticker else self._jitter(self.sample_delay_s))
         early_drains = 0
@@ -433,7 +656,8 @@ class Agent:
         # the process and the monitor plans with its measured costs. At 0.1%
         # the planned delay is 30 s, and a short run reported nothing until it ended.
         next_report = now + min(self.report_delay_s, MIN_REPORT_DELAY_S)
-        next_hello = now + HELLO_RETRY_S
+        hello_wait = HELLO_FIRST_RETRY_S
+        next_hello = now + hello_wait
         next_replan = now + REPLAN_S
         while not self._stopping.is_set():
             # Everything the sampler does between two polls holds the GIL and
@@ -489,7 +713,8 @@ class Agent:
                 # Until the connection is up the hello cannot go; reports wait
                 # for it, their counts keep accumulating meanwhile.
                 self._hello_sent = self._send_hello(sock)
-                next_hello = now + HELLO_RETRY_S
+                hello_wait = min(2 * hello_wait, HELLO_RETRY_S)
+                next_hello = now + hello_wait
             if now >= next_report:
                 if self._hello_sent:
                     self._report(sock)
@@ -508,6 +733,7 @@ class Agent:
                 next_sample,
                 next_report,
                 self._detail_at if self.proflet_costs else math.inf,
+                next_hello if not self._hello_sent and hello_wait < HELLO_RETRY_S else math.inf,
             )
             # Round up: a sub-millisecond wait truncated to poll(0) would make
             # this loop spin, taking the GIL from the application each time.
@@ -547,11 +773,26 @@ class Agent:
                         os.read(self._wake_r, 512)
                 else:
                     self._receive(sock)
-        # Leaving: end bursts, the last counts and a bye, best effort and never blocking.
+
+    def _leave(self, sock: zmq.Socket[Any]) -> None:
+        """End bursts, send the last counts and a bye, best effort and never blocking.
+
+        Run again by a replacement when a hook hung in it: what was done is not redone.
+        """
         if self.ticker:
             _fast.ticker_stop()
         for name in list(self._bursts):
             self._stop_burst(name, self.clock())
+        if not self._hello_sent:
+            # A short life (start, then stop at once): the connection may be up only now,
+            # or in a moment (on a loaded machine, 20 lives of a few ms each all ended
+            # before theirs was). Without a hello the monitor would drop the last counts
+            # and ignore the bye. Waited for as long as the close lingers, and only after
+            # a short life: after a longer one nobody is listening (no exit made slower).
+            with contextlib.suppress(Exception):
+                if self._stopping.is_set() and self.clock() - self.guard.started < SHORT_LIFE_S:
+                    sock.poll(CLOSE_LINGER_MS, zmq.POLLOUT)
+                self._hello_sent = self._send_hello(sock)
         if self._hello_sent:
             self._report(sock)
         with contextlib.suppress(Exception):
@@ -563,11 +804,23 @@ class Agent:
         return max(mean * 0.1, self._rng.gauss(mean, mean * spread))
 
     def _apply_budget(self, budget: float) -> None:
-        if self.ceiling is not None:
-            budget = min(budget, self.ceiling)
+        budget = self._under_ceiling(budget)
+        if self._monitor_plan is not None and not self._made_for(self._monitor_plan, budget):
+            # The monitor's plan was made for the old budget: at 0.01% its
+            # delays are 5 s and 30 s, and taken where slower than ours they
+            # would hold a raised budget unspent until its next plan.
+            self._monitor_plan = None
         self.budget = budget
         self.guard.set_budget(budget, self.clock())
         self._replan()
+
+    def _under_ceiling(self, budget: float) -> float:
+        return min(budget, self.ceiling) if self.ceiling is not None else budget
+
+    def _made_for(self, timings: dict[str, Any], budget: float) -> bool:
+        """Whether the monitor's timings were planned for ``budget`` (one that does not say is taken at its word)."""
+        planned_for = timings.get("budget")
+        return planned_for is None or self._under_ceiling(float(planned_for)) == budget
 
     def _fitted_costs(self) -> list[ProfletCosts]:
         """Per proflet, the mean of its kinds of burst, each sized as it will run: what the plan uses."""
@@ -632,13 +885,13 @@ class Agent:
 
     def _sync_ticker(self) -> None:
         """Give the ticker the planned delay and the guard's money."""
-        budget = self.budget
+        rate = self.guard.rate  # what accrues per second: the budget's share of wall time
         _fast.ticker_set(
-            self.sample_delay_s if budget > 0 else 0.0,
+            self.sample_delay_s if rate > 0 else 0.0,
             0.25,
-            budget,
+            rate,
             self.guard.tokens(self.clock()),
-            budget * self.guard.capacity_s,
+            rate * self.guard.capacity_s,
         )
 
     def _ticker_step(self, drain: bool) -> None:
@@ -722,14 +975,19 @@ class Agent:
         self.startup_s += _cost_clock() - t0
 
     def _start_collectors(self) -> None:
+        """Hook up the loaded collectors. A replacement sampler runs it again to finish what a hang interrupted."""
         self.load_proflets()
         t0 = _cost_clock()
-        collectors, self._loaded = self._loaded or {}, {}
-        for name in self.proflets_off:
-            self.errors.append(f"proflet {name} off: {self.proflets_off[name]}")
-        for name, collector in collectors.items():
+        loaded = self._loaded = self._loaded or {}
+        if not self._collectors_started:
+            self._collectors_started = True
+            for name in self.proflets_off:
+                self.errors.append(f"proflet {name} off: {self.proflets_off[name]}")
+        while loaded:
+            name = next(iter(loaded))
+            collector = loaded.pop(name)
             try:
-                reason = collector.unavailable()
+                reason = self._call(name, collector.unavailable)
             except Exception as exc:
                 reason = f"{type(exc).__name__}: {exc}"
             if reason is not None:
@@ -744,8 +1002,14 @@ class Agent:
             if collector.WANTS_ACTIVITY:
                 self._activity = [0] * ACTIVITY_SLOTS
             if collector.DETAILS:
-                self.proflet_costs[name] = collector.costs()
-                self.kind_costs[name] = dict.fromkeys(collector.burst_kinds(), collector.costs())
+                try:
+                    kinds = self._call(name, collector.burst_kinds)
+                    by_kind = {kind: self._call(name, collector.kind_costs, kind) for kind in kinds}
+                except Exception as exc:
+                    self._switch_off(name, exc)
+                    continue
+                self.kind_costs[name] = by_kind
+                self.proflet_costs[name] = combine(list(by_kind.values()))
         self.scheduler.queue.allows = {name: self.collectors[name].ALLOWS for name in self.proflet_costs}
         # Loading is start-up, like importing the agent itself: one-time
         # imports (tens of ms of CPU), paid once per attach. Charging it to a
@@ -754,8 +1018,8 @@ class Agent:
         self.startup_s += _cost_clock() - t0
         self._replan()
 
-    def _switch_off(self, name: str, exc: BaseException) -> None:
-        """A collector raised: it is done for this run; nothing reaches the application."""
+    def _switch_off(self, name: str, why: BaseException | str) -> None:
+        """A collector raised or hung: it is done for this run; nothing reaches the application."""
         collector = self.collectors.pop(name, None)
         self._on_sampled = [c for c in self._on_sampled if c is not collector]
         self._on_report = [c for c in self._on_report if c is not collector]
@@ -765,16 +1029,168 @@ class Agent:
         self._again.discard(name)
         self.scheduler.queue.forget(name)
         self.scheduler.set_delays({k: v for k, v in self.scheduler.delays.items() if k != name}, self.clock())
-        self.proflets_off[name] = f"{type(exc).__name__}: {exc}"
-        self.errors.append(f"proflet {name} switched off: {type(exc).__name__}: {exc}")
+        reason = why if isinstance(why, str) else f"{type(why).__name__}: {why}"
+        self.proflets_off[name] = reason
+        self.errors.append(f"proflet {name} switched off: {reason}")
         if collector is not None:
             with contextlib.suppress(Exception):
-                collector.close()
+                self._call(name, collector.close)
+
+    # --- collector hooks and the hang watchdog -------------------------------------
+    #
+    # Every collector hook runs on the sampler thread through _call, which
+    # records it in _hook_call for the watchdog thread. The watchdog wakes
+    # once a report interval (at least every WATCH_MAX_S) and, if the hook
+    # in progress has run past its limit (HANG_MIN_S, HANG_FACTOR), gives the
+    # sampler thread up:
+    #
+    # * the call is claimed (_HookCall.claim), so exactly one of the watchdog
+    #   and the returning hook decides what happens next;
+    # * the given-up thread no longer owns anything (_ident is cleared): it
+    #   never touches the agent's state or socket again, it only leaves;
+    # * _Abandoned is raised in it asynchronously: a hook spinning in Python
+    #   ends at its next bytecode, and the thread exits quietly. One blocked
+    #   in C (a sleep, a lock) stays blocked; should the call ever return, the
+    #   thread exits then. Either way only that thread runs collector code;
+    # * a replacement sampler thread switches the proflet off (reason
+    #   "hung: ..."), charges the CPU the hook burned, restarts the ticker so
+    #   it skips the new sampler thread, takes over the socket (handed over
+    #   through the claim and the thread start, both full memory barriers, as
+    #   ZeroMQ requires for moving a socket between threads) and goes on.
+    #
+    # Limits: a hook that holds the GIL in C forever (a runaway regex) stops
+    # the whole process, watchdog included; one that took a lock the agent
+    # needs later (an import lock) could stall the replacement too, and it is
+    # given up in turn. A hook interrupted mid-way may leave its proflet's
+    # own state inconsistent: the proflet is off by then and its close() is
+    # called (watched as well) to remove its hooks.
+
+    def _call(self, name: str, hook: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        """Call a hook of proflet ``name`` on the sampler thread, under the watchdog's eye."""
+        slowest = self._hook_slowest.get(name, 0.0)
+        costs = self.proflet_costs.get(name)
+        if costs is not None:  # a census, say, is slow by design: its planned fixed cost
+            slowest = max(slowest, costs.ovhd_ms / 1000.0)
+        limit = max(HANG_MIN_S, HANG_FACTOR * slowest)
+        call = _HookCall(name, getattr(hook, "__name__", "hook"), time.monotonic(), _cost_clock(), limit)
+        self._hook_call = call
+        try:
+            result = hook(*args, **kwargs)
+        except _Abandoned:
+            raise  # the watchdog's interruption: this thread is done
+        except BaseException:
+            self._returned(call)
+            raise
+        self._returned(call)
+        return result
+
+    def _returned(self, call: _HookCall) -> None:
+        if not call.claim():
+            self._abandoned(call)
+        self._hook_call = None
+        took = time.monotonic() - call.start
+        if took > self._hook_slowest.get(call.name, 0.0):
+            self._hook_slowest[call.name] = took
+
+    def _abandoned(self, call: _HookCall) -> NoReturn:
+        """The hook returned after the watchdog gave this thread up: leave, touching nothing."""
+        while not call.settled:  # the watchdog is a few bytecodes from deciding whether to interrupt
+            time.sleep(0.001)
+        # An interruption on its way is taken here, where it only ends this
+        # thread, and never later: once the thread is gone its id may be reused.
+        deadline = time.monotonic() + 1.0
+        while call.interrupted and time.monotonic() < deadline:
+            time.sleep(0.001)
+        _interrupt(threading.get_ident(), None)
+        raise _Abandoned
+
+    def _watch(self) -> None:
+        """The watchdog thread: gives up a sampler thread stuck in a collector hook."""
+        _name_os_thread(WATCHDOG_NAME)
+        while not self._stopped.is_set():
+            if self._stopping.is_set():
+                period = WATCH_STOP_S
+            else:
+                period = min(max(self.report_delay_s, WATCH_MIN_S), WATCH_MAX_S)
+            self._watch_poke.wait(period)
+            self._watch_poke.clear()
+            if self._stopped.is_set():
+                return
+            t0 = _cost_clock()
+            try:
+                self._check_hang()
+            except Exception as exc:  # never into the application, and keep watching
+                self.errors.append(f"watchdog: {type(exc).__name__}: {exc}")
+            # Charged by the sampler at its next report; a wake-up behind a
+            # busy application thread costs it a GIL hand-off, like the sampler's.
+            self._watch_spent_s += _cost_clock() - t0 + self._handoff_s
+
+    def _check_hang(self) -> None:
+        call = self._hook_call
+        if call is None:
+            return
+        elapsed = time.monotonic() - call.start
+        limit = min(call.limit_s, STOP_HANG_S) if self._stopping.is_set() else call.limit_s
+        if elapsed < limit or not call.claim():
+            return
+        stuck = self._thread
+        try:
+            ident = self._ident
+            self._handing_over = True
+            self._ident = 0  # from here on, the stuck thread owns nothing
+            cpu_s = max(0.0, _thread_cpu_s(ident) - call.cpu0)
+            call.interrupted = _interrupt(ident, _Abandoned)
+        finally:
+            call.settled = True
+        if stuck is not None:
+            stuck.name = HUNG_THREAD_NAME
+            native = stuck.native_id
+            with contextlib.suppress(OSError), open(f"/proc/self/task/{native}/comm", "w") as f:
+                f.write(HUNG_THREAD_NAME)
+        replacement = threading.Thread(target=self._resume, args=(call, elapsed, cpu_s), name=THREAD_NAME, daemon=True)
+        try:
+            replacement.start()
+        except RuntimeError:  # no thread can be started: this one carries on as the sampler
+            self._resume(call, elapsed, cpu_s)
+
+    def _resume(self, call: _HookCall, elapsed: float, cpu_s: float) -> None:
+        """A replacement sampler thread: switch the hung proflet off and carry on where the last one stopped."""
+        self._ident = threading.get_ident()
+        self._thread = threading.current_thread()
+        self._handing_over = False
+        _name_os_thread(THREAD_NAME)
+        sock = self._sock
+        ctx = sock.context if sock is not None else None
+        try:
+            try:
+                self._hung(call, elapsed, cpu_s)
+                if not self._closing and sock is not None:
+                    if not self._stopping.is_set():
+                        self._start_collectors()
+                        self._start_ticker()
+                        self._serve(sock)
+                    self._leave(sock)
+            except _Abandoned:
+                raise
+            except BaseException as exc:  # never let anything reach the application
+                self._failed(sock, exc)
+            self._finish(ctx, sock)
+        except _Abandoned:
+            pass  # hung again, in another hook: a newer replacement carries on
+
+    def _hung(self, call: _HookCall, elapsed: float, cpu_s: float) -> None:
+        self._switch_off(call.name, f"hung: {call.hook}() ran for {elapsed:.1f} s (limit {call.limit_s:.1f} s)")
+        if cpu_s > 0:
+            # A spinning hook held the GIL as it ran: the application's time.
+            now = self.clock()
+            self.guard.charge(cpu_s, now, "hung")
+            self._window_costs["hung"] = self._window_costs.get("hung", 0.0) + cpu_s
+            self.max_op_s = max(self.max_op_s, cpu_s)
 
     def _next_kind(self, name: str) -> str:
         kinds = self.kind_costs[name]
         try:
-            kind = self.collectors[name].burst_kind()
+            kind = self._call(name, self.collectors[name].burst_kind)
         except Exception:  # a broken proflet shows itself in start_detail, where it is switched off
             kind = ""
         return kind if kind in kinds else next(iter(kinds))
@@ -784,7 +1200,7 @@ class Agent:
         # wait for their price to accrue (five seconds at half the bucket), and
         # a run of a few seconds would end before any could start; smaller
         # ones, more often, spend the same share sooner.
-        return fit_interval(self.kind_costs[name][kind], self.budget * BURST_BUDGET_S)
+        return fit_interval(self.kind_costs[name][kind], self.guard.rate * BURST_BUDGET_S)
 
     def _burst_price_s(self, name: str) -> float:
         """What a burst must find in the guard before it starts: its COST, and
@@ -800,7 +1216,7 @@ class Agent:
         for name, burst in list(self._bursts.items()):
             collector = self.collectors[name]
             try:
-                slowdown = collector.slowdown_s()
+                slowdown = self._call(name, collector.slowdown_s)
             except Exception as exc:
                 self._switch_off(name, exc)
                 continue
@@ -810,7 +1226,8 @@ class Agent:
             # End it when the next tick would pass the reservation, not after:
             # the sampler may wait a switch interval for the GIL before it looks again.
             rate = slowdown / max(now - burst.start, 1e-3)
-            if now >= burst.end or slowdown + rate * (self._burst_tick_s() + 0.005) > BURST_OVERRUN * burst.reserved_s:
+            limit = BURST_OVERRUN * burst.reserved_s + self.guard.rate * BURST_SLACK_S
+            if now >= burst.end or slowdown + rate * (self._burst_tick_s() + 0.005) > limit:
                 self._stop_burst(name, now)
 
         def affordable(name: str) -> bool:
@@ -824,8 +1241,9 @@ class Agent:
         costs = self._burst_costs(name, kind)
         length = costs.itvl_ms / 1000.0
         t0 = _cost_clock()
+        collector = self.collectors[name]
         try:
-            self.collectors[name].start_detail(DetailContext(self._candidates(), length))
+            self._call(name, collector.start_detail, DetailContext(self._candidates(), length))
         except Exception as exc:
             self._switch_off(name, exc)
             return
@@ -845,7 +1263,7 @@ class Agent:
         collector = self.collectors.get(name)
         t0 = _cost_clock()
         try:
-            result = collector.stop_detail() if collector is not None else {}
+            result = self._call(name, collector.stop_detail) if collector is not None else {}
         except Exception as exc:
             self._switch_off(name, exc)
             return
@@ -967,7 +1385,7 @@ class Agent:
             self._count_pending()
         for collector in self._on_sampled:
             try:
-                collector.sampled(n, self.counts)
+                self._call(collector.name, collector.sampled, n, self.counts)
             except Exception as exc:
                 self._switch_off(collector.name, exc)
         if len(self.counts) > MAX_PENDING_STACKS:
@@ -1059,7 +1477,16 @@ class Agent:
             self._ticker_step(drain=True)
         t0 = _cost_clock()
         now = self.clock()
-        self.tables.flag_leaves({stack[0] for _, stack in self.counts if stack})
+        watched = self._watch_spent_s - self._watch_charged_s
+        if watched > 0:  # the watchdog's wake-ups since the last report
+            self._watch_charged_s += watched
+            self._window_costs["watchdog"] = self._window_costs.get("watchdog", 0.0) + watched
+            self.guard.charge(watched, now, "watchdog")
+        # The watchdog and threads given up in a hung hook are ours: the samplers skip only
+        # the sampler thread, so their stacks are left out here (they are not the application).
+        ours = {t.ident for t in threading.enumerate() if t.name in (WATCHDOG_NAME, HUNG_THREAD_NAME)}
+        kept = [(tid, n, stack) for (tid, stack), n in self.counts.items() if tid not in ours]
+        self.tables.flag_leaves({stack[0] for _, _, stack in kept if stack})
         strings, locs = self.tables.unsent()
         body: dict[str, Any] = {
             "agent": self.agent_id,
@@ -1069,7 +1496,7 @@ class Agent:
             "window_s": now - self._window_start,
             "strings": strings,
             "locs": locs,
-            "stacks": [[tid, n, list(stack)] for (tid, stack), n in self.counts.items()],
+            "stacks": [[tid, n, list(stack)] for tid, n, stack in kept],
             "samples": self.samples_in_window,
             "threads": self._thread_names(),
             # this window's sampling and earlier reports; this report's own cost goes in the next
@@ -1135,8 +1562,8 @@ class Agent:
         data: dict[str, Any] = {}
         for collector in list(self._on_report):
             try:
-                out = collector.report(ctx)
-                basic = collector.basic_cost_s()
+                out = self._call(collector.name, collector.report, ctx)
+                basic = self._call(collector.name, collector.basic_cost_s)
             except Exception as exc:
                 self._switch_off(collector.name, exc)
                 continue
@@ -1184,17 +1611,18 @@ class Agent:
         return self._send(sock, protocol.HELLO, self._hello)
 
     def _hello_body(self) -> dict[str, Any]:
-        import sysconfig  # only here: hello is built once and sysconfig is not free to import
 
         body: dict[str, Any] = {
             "agent": self.agent_id,
             "host": socket.gethostname(),
             "pid": self.pid,
+            # the monitor groups a master and the workers it forked into one service by this
+            "ppid": os.getppid(),
             "start_time": _process_start_time(),
             "argv": _argv(),
             "python": sys.version.split()[0],
             "executable": sys.executable or "",
-            "paths": {k: v for k, v in sysconfig.get_paths().items() if isinstance(v, str)},
+            "paths": self._paths,
             "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
             "budget": self.budget,
             "agent_version": AGENT_VERSION,
@@ -1202,52 +1630,112 @@ class Agent:
         }
         if self.attach_token:
             body["attach_token"] = self.attach_token
+        service = os.environ.get("DYPER_SERVICE", "").strip()
+        if service:
+            body["service"] = service[:200]
         if self.ceiling is not None:
             body["ceiling"] = self.ceiling
         return body
 
     def _receive(self, sock: zmq.Socket[Any]) -> None:
-        for _ in range(64):  # bounded: a flood of control messages cannot starve sampling
+        """Take what the monitor sent: at most CONTROL_BATCH messages, each checked by the protocol.
+
+        Nothing received is trusted: a bad message is counted and dropped, a
+        budget is bounded by the ceiling, timings never make us spend more than
+        our own plan, and a burst starts only when the guard can pay for it.
+        Decoding is charged to the budget like the loop's other wake-ups.
+        """
+        t0 = _cost_clock()
+        resync = False
+        for _ in range(CONTROL_BATCH):
             try:
                 data = sock.recv(zmq.NOBLOCK)
             except zmq.Again:
-                return
-            try:
-                msg_type, body = protocol.decode(data, protocol.AGENT_ACCEPTS)
-            except protocol.DecodeError:
-                self.dropped["bad_messages"] += 1
-                continue
-            if msg_type == protocol.DETACH:
-                self._bye_reason = "detach"
-                self._stopping.set()
-            elif msg_type == protocol.RESYNC:
-                self.tables.resend_all()
-                self._hello_sent = self._send_hello(sock)
-                if self._hello_sent:
-                    self._report(sock)
-            elif msg_type == protocol.CONFIGURE:
-                budget = body.get("budget")
-                if isinstance(budget, int | float) and 0 < budget <= 0.5:
-                    self._pending_budget = float(budget)  # applied by the loop, as set_budget's
-                timings = body.get("plan")
-                if isinstance(timings, dict):
-                    self._monitor_plan = timings
-                    ttl = max(MONITOR_PLAN_TTL_S, MONITOR_PLAN_TTL_REPORTS * self.report_delay_s)
-                    self._monitor_plan_until = self.clock() + ttl
-                    self._replan()
-            elif msg_type == protocol.DETAIL:
-                name = body.get("proflet")
-                # Only while the monitor's plan holds: on our own we keep our own schedule.
-                if name in self.proflet_costs and self._monitor_plan is not None:
-                    if not self._monitor_requests:
-                        # From now on the monitor says when.
-                        self._monitor_requests = True
-                        self.scheduler.set_delays({}, self.clock())
-                    if name in self._bursts:
-                        # The monitor takes a burst as done at its planned length;
-                        # this one runs later than it thinks (it waited for the
-                        # guard): the request is for the next one, not this one.
-                        self._again.add(name)
-                    else:
-                        self.scheduler.queue.request(name)
-                    self._detail_at = -math.inf  # look at once
+                break
+            resync = self._on_control(data) or resync
+        spent = _cost_clock() - t0
+        self._window_costs["wake"] += spent
+        self.guard.charge(spent, self.clock(), "wake")
+        if self.ticker:
+            self._report_wakes_s += spent  # the messages answer reports: their price (see _loop)
+        if resync:
+            self._resync(sock)
+
+    def _on_control(self, data: bytes) -> bool:
+        """Act on one message from the monitor; True if it asks for a resync (served once per batch)."""
+        try:
+            msg_type, body = protocol.decode(data, protocol.AGENT_ACCEPTS, protocol.MAX_CONTROL_BYTES)
+        except protocol.DecodeError:
+            self.dropped["bad_messages"] += 1
+            return False
+        if msg_type == protocol.RESYNC:
+            return True
+        if msg_type == protocol.DETACH:
+            self._bye_reason = "detach"
+            self._stopping.set()
+        elif msg_type == protocol.CONFIGURE:
+            # The protocol checked the budget's range; the loop applies it under
+            # the ceiling, as set_budget's. A "ceiling" the monitor sends is not
+            # taken: only whoever started the agent sets it.
+            if body.get("budget") is not None:
+                self._pending_budget = float(body["budget"])
+            theirs = body.get("plan")
+            running_at = self._under_ceiling(self._pending_budget if self._pending_budget is not None else self.budget)
+            if theirs is not None and self._made_for(_their_timings(theirs), running_at):
+                # A plan for another budget (one sent before a change) would hold us to that budget's delays.
+                self._monitor_plan = _their_timings(theirs)
+                ttl = max(MONITOR_PLAN_TTL_S, MONITOR_PLAN_TTL_REPORTS * self.report_delay_s)
+                self._monitor_plan_until = self.clock() + ttl
+                self._replan()
+        elif msg_type == protocol.DETAIL:
+            name = body["proflet"]
+            # Only while the monitor's plan holds: on our own we keep our own schedule.
+            if name in self.proflet_costs and self._monitor_plan is not None:
+                if not self._monitor_requests:
+                    # From now on the monitor says when.
+                    self._monitor_requests = True
+                    self.scheduler.set_delays({}, self.clock())
+                if name in self._bursts:
+                    # The monitor takes a burst as done at its planned length;
+                    # this one runs later than it thinks (it waited for the
+                    # guard): the request is for the next one, not this one.
+                    self._again.add(name)
+                else:
+                    self.scheduler.queue.request(name)
+                self._detail_at = -math.inf  # look at once
+        return False
+
+    def _resync(self, sock: zmq.Socket[Any]) -> None:
+        """The monitor does not know us (it restarted): hello and the full tables.
+
+        At most once per RESYNC_MIN_S, and the tables go at once only if the
+        guard can pay for a report (else with the next one): a monitor asking
+        again and again must not make us resend megabytes over the budget.
+        """
+        now = self.clock()
+        if now < self._resync_after:
+            self.dropped["resyncs"] = self.dropped.get("resyncs", 0) + 1
+            return
+        self._resync_after = now + RESYNC_MIN_S
+        self.tables.resend_all()
+        self._hello_sent = self._send_hello(sock)
+        if self._hello_sent and self.guard.wait_needed(now, self.report_cost_s) <= 0:
+            self._report(sock)
+
+
+def _their_timings(timings: dict[str, Any]) -> dict[str, Any]:
+    """The monitor's timings within our planner's bounds (the protocol made them finite and non-negative).
+
+    _replan takes them only where they are slower than our own plan; the
+    bounds keep a monitor from stopping our samples or reports altogether.
+    """
+    out: dict[str, Any] = {}
+    for key, most in (("sample_delay_s", MAX_SAMPLE_DELAY_S), ("report_delay_s", MAX_REPORT_DELAY_S)):
+        if timings.get(key) is not None:
+            out[key] = min(float(timings[key]), most)
+    if isinstance(timings.get("budget"), int | float):
+        out["budget"] = float(timings["budget"])
+    details = timings.get("detail_delay_s")
+    if isinstance(details, dict):
+        out["detail_delay_s"] = {name: min(float(d), MAX_DETAIL_DELAY_S) for name, d in details.items()}
+    return out

@@ -132,6 +132,10 @@ class Collector:
         """
         return ("",)
 
+    def kind_costs(self, kind: str) -> ProfletCosts:
+        """The declared costs of one kind of burst, before its bursts calibrate them (default: costs())."""
+        return self.costs()
+
     def burst_kind(self) -> str:
         """The kind of the next burst (one of burst_kinds())."""
         return ""

@@ -38,8 +38,10 @@ client <-> monitor (the CLI talking to a standing monitor)
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, Final
+import math
+from collections.abc import Callable, Collection
+from itertools import chain
+from typing import Any, Final, cast
 
 import msgpack
 
@@ -60,6 +62,29 @@ CTL_REPLY: Final = "ctl_reply"
 #: Largest frame either side accepts. A report of a big service with a fresh
 #: string table is a few MiB; anything far above that is an attack or a bug.
 MAX_FRAME_BYTES: Final = 32 * 1024 * 1024
+#: Largest frame the agent takes from the monitor. Its messages are a few
+#: hundred bytes, and the agent decodes them inside someone's production process.
+MAX_CONTROL_BYTES: Final = 64 * 1024
+#: Arrays and maps one frame may decode to: at most one per two bytes of the
+#: frame, and at most this many. An empty array is one byte on the wire and
+#: some 70 bytes decoded, so this is what bounds the memory a frame can cost
+#: (see :data:`MAX_EXPANSION`). The largest report an agent sends has some
+#: 900,000: 200,000 locations (agent.tables.MAX_LOCATIONS), their strings,
+#: 50,000 stacks (agent.core.MAX_PENDING_STACKS) of two each.
+MAX_CONTAINERS: Final = 2_000_000
+#: Bytes of decoded objects per byte of frame, at most: 41 measured for a report of empty
+#: stacks, two arrays per four bytes (tests/unit/test_fuzz_intake.py); at most some 400 MB for
+#: the largest frame, where MAX_CONTAINERS binds.
+MAX_EXPANSION: Final = 48
+#: Nesting inside the free-form parts of a message (a proflet's data, a
+#: request's args, fields this version does not know): deeper would break the
+#: msgpack (512) and JSON (~1000) encoders the monitor stores and serves it with.
+MAX_NESTING: Final = 32
+#: A budget (fraction of wall-clock time) the user or the monitor may set.
+MIN_BUDGET: Final = 0.0001
+MAX_BUDGET: Final = 0.5
+#: Error texts are one line; a longer one is cut to this many characters.
+MAX_ERROR_CHARS: Final = 2000
 
 Body = dict[str, Any]
 
@@ -81,6 +106,12 @@ LOC_IO: Final = 16
 LOC_SLEEP: Final = 32
 
 
+#: Every byte but those a msgpack array or map header starts with (fixmap, fixarray, array 16/32, map 16/32).
+_NOT_HEADERS: Final = bytes(b for b in range(256) if not (0x80 <= b <= 0x9F or 0xDC <= b <= 0xDF))
+#: The bytes a msgpack array header starts with (fixarray, array 16, array 32).
+_ARRAY_HEADERS: Final = frozenset([*range(0x90, 0xA0), 0xDC, 0xDD])
+
+
 class DecodeError(ValueError):
     """A frame that is not a valid dyper message. Count it and drop it."""
 
@@ -93,63 +124,354 @@ def encode(msg_type: str, body: Body) -> bytes:
     return data
 
 
-def decode(data: bytes, accept: frozenset[str] | None = None) -> tuple[str, Body]:
+def decode(
+    data: bytes,
+    accept: frozenset[str] | None = None,
+    max_bytes: int = MAX_FRAME_BYTES,
+    max_containers: int = MAX_CONTAINERS,
+    *,
+    raw_stacks: bool = False,
+) -> tuple[str, Body]:
     """Decode and validate one frame; return ``(type, body)``.
 
-    ``accept`` restricts the message types this receiver takes. The body's
-    fields are checked against the schema of its type, so callers can index
-    the required fields without further checks.
+    ``accept`` restricts the message types this receiver takes, ``max_bytes``
+    the frame's size, ``max_containers`` its arrays and maps (a client reading
+    a whole profile from its own monitor may take more). The body's fields
+    are checked against the schema of its type (types, ranges, finite
+    numbers, nesting), so callers can index and use the required fields
+    without further checks.
+
+    With ``raw_stacks`` a report's stacks come as ``[thread, count, ids]``
+    where ``ids`` is the location-id array as it was on the wire (msgpack
+    bytes), checked to be an array but not what it holds: the caller passes
+    each through :func:`stack_ids` before using it, or knows it from an earlier
+    call (the same bytes are the same ids). This is for the monitor, where
+    most stacks of a report came before: a few hundred thousand integers a
+    second need not be decoded and checked again, and their bytes are a
+    cheap key.
     """
-    if len(data) > MAX_FRAME_BYTES:
-        raise DecodeError(f"frame of {len(data)} bytes exceeds {MAX_FRAME_BYTES}")
+    if len(data) > max_bytes:
+        raise DecodeError(f"frame of {len(data)} bytes exceeds {max_bytes}")
     try:
-        # Limits are derived from the frame length by msgpack itself, so a
-        # short frame cannot claim a huge array and make us allocate it.
-        obj = msgpack.unpackb(data, raw=False, strict_map_key=True, use_list=True)
+        if raw_stacks:
+            obj = _unpack_raw(data, min(max_containers, len(data) // 2 + 16))
+        else:
+            obj = _unpack(data, min(max_containers, len(data) // 2 + 16))
+    except DecodeError:
+        raise
     except Exception as exc:  # msgpack raises several unrelated types
         raise DecodeError(f"not msgpack: {type(exc).__name__}") from None
-    if not isinstance(obj, list) or len(obj) != 4 or obj[0] != MAGIC:
+    if type(obj) is not list or len(obj) != 4 or obj[0] != MAGIC:
         raise DecodeError("not a dyper envelope")
     version, msg_type, body = obj[1], obj[2], obj[3]
-    if version != PROTOCOL_VERSION:
-        raise DecodeError(f"protocol version {version!r}, expected {PROTOCOL_VERSION}")
-    if not isinstance(msg_type, str) or msg_type not in _SCHEMAS:
-        raise DecodeError(f"unknown message type {msg_type!r}")
+    if type(version) is not int or version != PROTOCOL_VERSION:
+        raise DecodeError(f"protocol version {_brief(version)}, expected {PROTOCOL_VERSION}")
+    if type(msg_type) is not str or msg_type not in _SCHEMAS:
+        raise DecodeError(f"unknown message type {_brief(msg_type)}")
     if accept is not None and msg_type not in accept:
-        raise DecodeError(f"unexpected message type {msg_type!r}")
-    if not isinstance(body, dict):
+        raise DecodeError(f"unexpected message type {_brief(msg_type)}")
+    if type(body) is not dict:
         raise DecodeError(f"{msg_type}: body is not a map")
-    _SCHEMAS[msg_type](body)
+    if raw_stacks and msg_type == REPORT:
+        _RAW_REPORT(body)
+    else:
+        _SCHEMAS[msg_type](body)
     return msg_type, body
+
+
+def stack_ids(ids: bytes) -> list[int]:
+    """One stack's location ids from the bytes :func:`decode` gave with ``raw_stacks``, checked."""
+    return stacks_ids([ids])[0]
+
+
+def stacks_ids(many: list[bytes]) -> list[list[int]]:
+    """:func:`stack_ids` of each of ``many``, in one go (one msgpack call, the checks in C)."""
+    if not many:
+        return []
+    if not all(many):
+        raise DecodeError("bad field 'stacks'")
+    # Each is one whole msgpack object (decode cut them so): together, an array of them.
+    data = b"\xdd" + len(many).to_bytes(4, "big") + b"".join(many)
+    try:
+        got = _unpack(data, len(data) // 2 + 16)
+    except DecodeError:
+        raise
+    except Exception as exc:
+        raise DecodeError(f"bad field 'stacks': not msgpack: {type(exc).__name__}") from None
+    if len(got) != len(many) or not _id_lists(got):
+        raise DecodeError("bad field 'stacks'")
+    return cast("list[list[int]]", got)
+
+
+def _counter(limit: int, size: int) -> Callable[[Any], Any]:
+    """A msgpack hook that fails past ``limit`` arrays and maps (in a frame of ``size`` bytes)."""
+    containers = 0
+
+    def count(obj: Any) -> Any:
+        nonlocal containers
+        containers += 1
+        if containers > limit:
+            raise DecodeError(f"more than {limit} arrays and maps in a frame of {size} bytes")
+        return obj
+
+    return count
+
+
+def _hooks(data: bytes, limit: int) -> dict[str, Callable[[Any], Any]]:
+    # Every array or map starts with one of the header bytes, so a frame with no
+    # more of them than the limit cannot exceed it: it is decoded without counting
+    # (a Python call per container). Most frames are far below; one made of empty
+    # arrays is not.
+    if len(data.translate(None, _NOT_HEADERS)) <= limit:
+        return {}
+    count = _counter(limit, len(data))
+    return {"list_hook": count, "object_hook": count}
+
+
+def _unpack(data: bytes, limit: int) -> Any:
+    # Lengths are limited by msgpack to the frame's size, so a short frame
+    # cannot claim a huge array; the hooks stop a frame of empty arrays from
+    # decoding to 70 times its size. Extension types are not plain data;
+    # timestamps (which bypass ext_hook) come out as floats.
+    return msgpack.unpackb(
+        data, raw=False, strict_map_key=True, use_list=True, ext_hook=_no_ext, timestamp=1, **_hooks(data, limit)
+    )
+
+
+def _unpack_raw(data: bytes, limit: int) -> Any:
+    """What :func:`_unpack` gives, but a report's stacks' ids left as bytes (see :func:`decode`)."""
+    hooks = _hooks(data, limit)
+    count = hooks.get("list_hook")
+    # max_buffer_size: the same bounds on lengths as unpackb gives a frame of this size
+    u = msgpack.Unpacker(
+        None,
+        max_buffer_size=max(len(data), 1),
+        raw=False,
+        strict_map_key=True,
+        use_list=True,
+        ext_hook=_no_ext,
+        timestamp=1,
+        **hooks,
+    )
+    u.feed(data)
+    if u.read_array_header() != 4:
+        raise DecodeError("not a dyper envelope")
+    head = [u.unpack() for _ in range(3)]
+    body: Any
+    if type(head[2]) is str and head[2] == REPORT:
+        body = {}
+        for _ in range(u.read_map_header()):
+            key = u.unpack()
+            if type(key) is str and key == "stacks":
+                body[key] = _raw_stacks(u, data, count)
+            else:
+                body[key] = u.unpack()
+        if count is not None:
+            count(body)
+    else:
+        body = u.unpack()
+    if u.tell() != len(data):
+        raise DecodeError("not msgpack: extra data after the message")
+    if count is not None:
+        count(head)  # the envelope, as unpackb's hook would
+    return [*head, body]
+
+
+def _raw_stacks(u: msgpack.Unpacker, data: bytes, count: Callable[[Any], Any] | None) -> list[list[Any]]:
+    rows: list[list[Any]] = []
+    for _ in range(u.read_array_header()):
+        if u.read_array_header() != 3:
+            raise DecodeError("bad field 'stacks'")
+        tid = u.unpack()
+        n = u.unpack()
+        start = u.tell()
+        if data[start] not in _ARRAY_HEADERS:
+            raise DecodeError("bad field 'stacks'")
+        u.skip()
+        row = [tid, n, data[start : u.tell()]]
+        if count is not None:
+            count(row)
+            count(row)  # and its ids
+        rows.append(row)
+    if count is not None:
+        count(rows)
+    return rows
+
+
+def _brief(v: Any) -> str:
+    """What was sent, for an error message: short, however large it was."""
+    if type(v) in (str, bytes):
+        return repr(v[:40]) + ("..." if len(v) > 40 else "")
+    if type(v) in (int, float, bool) or v is None:
+        return repr(v)
+    return type(v).__name__
+
+
+def _no_ext(code: int, data: bytes) -> Any:
+    raise DecodeError(f"msgpack extension type {code} is not part of the protocol")
 
 
 # --- validation --------------------------------------------------------------
 
 _Check = Callable[[Any], bool]
 
+#: Integers travel as int64 at most: SQLite (history) and C (the ticker) take no more.
+_INT64 = 2**63
+#: Ids (strings, locations), line numbers, flags: what the agent's tables can hold.
+_INT32 = 2**31
+#: Samples of one stack in one report: at 2,000 samples a second, weeks without a monitor.
+#: Summed over reports, history's int64 totals would need two billion such reports to overflow.
+MAX_COUNT: Final = 2**32 - 1
+#: Times are seconds since the epoch that datetime can show (up to the year 9999).
+_MAX_TIME = 253402300800.0
+#: Costs (ms, factors) a proflet may declare: finite, and small enough that the planner's sums stay finite.
+_MAX_COST = 1e12
+
 
 def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    return type(v) is int and -_INT64 <= v < _INT64
 
 
 def _is_num(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
+    """A finite number: NaN and infinities break every comparison the planner and the views make."""
+    t = type(v)
+    if t is float:
+        return math.isfinite(v)
+    return t is int and -_INT64 <= v < _INT64
 
 
 def _is_str(v: Any) -> bool:
-    return isinstance(v, str)
+    return type(v) is str
+
+
+def _is_bool(v: Any) -> bool:
+    return type(v) is bool
+
+
+def _int_in(low: int, high: int) -> _Check:
+    """An integer in [low, high)."""
+    return lambda v: type(v) is int and low <= v < high
+
+
+def _num_in(low: float, high: float, *, open_low: bool = False) -> _Check:
+    """A finite number in [low, high] (or (low, high])."""
+    if open_low:
+        return lambda v: _is_num(v) and low < v <= high
+    return lambda v: _is_num(v) and low <= v <= high
+
+
+_is_id = _int_in(0, _INT32)
+_is_count = _int_in(0, MAX_COUNT + 1)
+_is_nat = _int_in(0, _INT64)
+_is_time = _num_in(0.0, _MAX_TIME)
+_is_fraction = _num_in(0.0, 1.0, open_low=True)  # a budget as agents report it
+_is_budget = _num_in(MIN_BUDGET, MAX_BUDGET)  # a budget someone asks for
+_is_nonneg = _num_in(0.0, float("inf"))
 
 
 def _list_of(check: _Check) -> _Check:
-    return lambda v: isinstance(v, list) and all(check(x) for x in v)
+    return lambda v: type(v) is list and all(check(x) for x in v)
 
 
 def _tuple_of(*checks: _Check) -> _Check:
-    return lambda v: isinstance(v, list) and len(v) == len(checks) and all(c(x) for c, x in zip(checks, v, strict=True))
+    n = len(checks)
+    return lambda v: type(v) is list and len(v) == n and all(c(x) for c, x in zip(checks, v, strict=True))
 
 
 def _map_of(check: _Check) -> _Check:
-    return lambda v: isinstance(v, dict) and all(check(x) for x in v.values())
+    return lambda v: type(v) is dict and all(type(k) is str and check(x) for k, x in v.items())
+
+
+# The hot parts of a report (every stack's location ids, the tables' rows) are
+# checked with type sets and min/max, which run in C: a report of a big service
+# holds a few hundred thousand integers.
+
+
+def _ints(v: Collection[Any], low: int, high: int) -> bool:
+    return not v or (set(map(type, v)) == {int} and min(v) >= low and max(v) < high)
+
+
+def _stacks(v: Any) -> bool:
+    """[[thread ident, count, [location ids]], ...]"""
+    if type(v) is not list:
+        return False
+    if not v:
+        return True
+    # Column by column, so that the loops run in C.
+    if set(map(type, v)) != {list} or set(map(len, v)) != {3}:
+        return False
+    tids, counts, stacks = zip(*v, strict=True)
+    if not _ints(tids, -_INT64, _INT64) or not _ints(counts, 0, MAX_COUNT + 1):
+        return False
+    return _id_lists(stacks)
+
+
+def _id_lists(stacks: Collection[Any]) -> bool:
+    """Lists of location ids."""
+    if not stacks:
+        return True
+    if set(map(type, stacks)) != {list} or not set(map(type, chain.from_iterable(stacks))) <= {int}:
+        return False
+    # Only ints now, so a set of them holds each value once (no True or 1.0 passing as 1).
+    ids = set().union(*stacks)
+    return not ids or (min(ids) >= 0 and max(ids) < _INT32)
+
+
+def _stack_rows(v: list[list[Any]]) -> bool:
+    """The stacks of a report decoded with raw_stacks: [[thread ident, count, ids as bytes], ...]"""
+    if not v:
+        return True
+    tids, counts, _ = zip(*v, strict=True)
+    return _ints(tids, -_INT64, _INT64) and _ints(counts, 0, MAX_COUNT + 1)
+
+
+def _locs(v: Any) -> bool:
+    """[[id, file string id, qualname string id, first line, line, flags], ...]; a line may be -1 (none known)"""
+    if type(v) is not list:
+        return False
+    if not v:
+        return True
+    # Column by column, as the stacks (a new agent sends a few thousand rows).
+    if set(map(type, v)) != {list} or set(map(len, v)) != {6}:
+        return False
+    ids, files, names, firsts, lines, flags = zip(*v, strict=True)
+    return all(_ints(c, 0, _INT32) for c in (ids, files, names, flags)) and all(
+        _ints(c, -_INT32, _INT32) for c in (firsts, lines)
+    )
+
+
+def _strings(v: Any) -> bool:
+    """[[id, text], ...]"""
+    if type(v) is not list:
+        return False
+    if not v:
+        return True
+    if set(map(type, v)) != {list} or set(map(len, v)) != {2}:
+        return False
+    ids, texts = zip(*v, strict=True)
+    return _ints(ids, 0, _INT32) and set(map(type, texts)) == {str}
+
+
+def _shallow(v: Any, depth: int = MAX_NESTING) -> bool:
+    """Plain data nested at most ``depth`` arrays and maps deep, with string keys (JSON can show it)."""
+    level = [v]
+    for _ in range(depth + 1):
+        deeper: list[Any] = []
+        for x in level:
+            if type(x) is list:
+                deeper += [y for y in x if type(y) in (list, dict)]
+            elif type(x) is dict:
+                if not all(type(k) is str for k in x):
+                    return False
+                deeper += [y for y in x.values() if type(y) in (list, dict)]
+        if not deeper:
+            return True
+        level = deeper
+    return False
+
+
+def _is_map(v: Any) -> bool:
+    return type(v) is dict and _shallow(v)
 
 
 def _any(v: Any) -> bool:
@@ -158,6 +480,7 @@ def _any(v: Any) -> bool:
 
 def _fields(required: dict[str, _Check], optional: dict[str, _Check] | None = None) -> Callable[[Body], None]:
     optional = optional or {}
+    known = set(required) | set(optional)
 
     def check(body: Body) -> None:
         for key, ok in required.items():
@@ -168,82 +491,116 @@ def _fields(required: dict[str, _Check], optional: dict[str, _Check] | None = No
         for key, ok in optional.items():
             if key in body and body[key] is not None and not ok(body[key]):
                 raise DecodeError(f"bad field {key!r}")
+        # Fields of a newer version pass, as plain data the monitor can keep and show.
+        for key, value in body.items():
+            if type(key) is not str or (key not in known and not _shallow(value)):
+                raise DecodeError(f"bad field {_brief(key)}")
 
     return check
 
 
+def _proflet_state(v: Any) -> bool:
+    """A proflet's calibrated costs as the planner takes them, or ``{"off": reason}``."""
+    if type(v) is not dict or not _shallow(v):
+        return False
+    if "off" in v:
+        return _is_str(v["off"])
+    cost_ok = _num_in(0.0, _MAX_COST)
+    return (
+        all(cost_ok(v[k]) for k in ("ovhd_ms", "slow", "itvl_ms", "prty") if k in v)
+        and ("allows" not in v or _list_of(_is_str)(v["allows"]))
+        and ("detailing" not in v or _is_bool(v["detailing"]))
+    )
+
+
+def _plan(v: Any) -> bool:
+    """The monitor's timings for an agent (the agent still clamps them to its own plan)."""
+    if type(v) is not dict or not _shallow(v):
+        return False
+    return (
+        all(_is_nonneg(v[k]) for k in ("sample_delay_s", "report_delay_s") if k in v)
+        and ("detail_delay_s" not in v or _map_of(_is_nonneg)(v["detail_delay_s"]))
+        and ("fract" not in v or _is_num(v["fract"]))
+        and ("budget" not in v or _is_budget(v["budget"]))
+    )
+
+
 _COSTS = _map_of(_is_num)
+
+_REPORT_REQUIRED: dict[str, _Check] = {
+    "agent": _is_str,
+    "seq": _is_nat,
+    "epoch": _is_nat,  # string tables restart when the epoch changes
+    "t": _is_time,  # wall clock (seconds since the epoch) at the end of the window
+    "window_s": _is_nonneg,  # length of the window this report covers
+    # string table additions: [id, text]
+    "strings": _strings,
+    # location additions: [id, file string id, qualname string id, first line, line, flags]
+    # flags: LOC_BLOCKING when the instruction is a call to a blocking routine (with one of
+    # LOC_LOCK, LOC_WAIT, LOC_IO, LOC_SLEEP saying what it waits for), LOC_AGENT for dyper's own code
+    "locs": _locs,
+    # [thread ident, count, [location ids, leaf first]]
+    "stacks": _stacks,
+    "samples": _is_count,  # sampling passes in the window
+}
+_REPORT_OPTIONAL: dict[str, _Check] = {
+    "threads": _list_of(_tuple_of(_is_int, _is_str)),
+    "costs": _COSTS,  # seconds spent in the window: sample, report, detail
+    "unit_costs": _COSTS,  # the agent's estimates of one sample and one report, in seconds
+    "spent_s": _is_num,  # total seconds spent since start
+    "startup_s": _is_num,  # one-time start-up work (loading proflets), not in spent_s
+    "elapsed_s": _is_num,  # wall seconds since start
+    "budget": _is_fraction,
+    "delays": _COSTS,  # current mean delays in seconds
+    "dropped": _map_of(_is_nat),  # what was dropped and how often
+    "errors": _list_of(_is_str),
+    "mode": _is_str,  # "monitor": following the monitor's timings; "local": its own
+    # per proflet: calibrated costs {ovhd_ms, slow, itvl_ms, prty, allows, detailing} or {off: reason}
+    "proflets": _map_of(_proflet_state),
+    # bursts finished in the window: {proflet, t, length_s, fixed_s, slowdown_s, ...results}
+    "details": _list_of(lambda v: _is_map(v) and _is_str(v.get("proflet"))),
+    # per proflet: what its collector's report hook returned for the window (plain data)
+    "data": _map_of(_is_map),
+}
 
 _SCHEMAS: dict[str, Callable[[Body], None]] = {
     HELLO: _fields(
         {
             "agent": _is_str,  # agent incarnation id, also the ZeroMQ routing id
             "host": _is_str,
-            "pid": _is_int,
-            "start_time": _is_num,  # process creation time, seconds since the epoch
+            "pid": _int_in(1, _INT32),
+            "start_time": _is_time,  # process creation time, seconds since the epoch
             "argv": _list_of(_is_str),
             "python": _is_str,
-            "budget": _is_num,
+            "budget": _is_fraction,
         },
         {
             "executable": _is_str,
             "paths": _map_of(_is_str),
-            "cpus": _is_int,
+            "cpus": _int_in(1, _INT32),
             "attach_token": _is_str,
             "agent_version": _is_str,
             "capabilities": _list_of(_is_str),
-            "ceiling": _is_num,
+            "ceiling": _is_fraction,
+            "ppid": _is_int,  # the parent process: a master and its forked workers make one service
+            "service": _is_str,  # $DYPER_SERVICE: processes giving the same name make one service
         },
     ),
-    REPORT: _fields(
-        {
-            "agent": _is_str,
-            "seq": _is_int,
-            "epoch": _is_int,  # string tables restart when the epoch changes
-            "t": _is_num,  # wall clock (seconds since the epoch) at the end of the window
-            "window_s": _is_num,  # length of the window this report covers
-            # string table additions: [id, text]
-            "strings": _list_of(_tuple_of(_is_int, _is_str)),
-            # location additions: [id, file string id, qualname string id, first line, line, flags]
-            # flags: LOC_BLOCKING when the instruction is a call to a blocking routine (with one of
-            # LOC_LOCK, LOC_WAIT, LOC_IO, LOC_SLEEP saying what it waits for), LOC_AGENT for dyper's own code
-            "locs": _list_of(_tuple_of(_is_int, _is_int, _is_int, _is_int, _is_int, _is_int)),
-            # [thread ident, count, [location ids, leaf first]]
-            "stacks": _list_of(_tuple_of(_is_int, _is_int, _list_of(_is_int))),
-            "samples": _is_int,  # sampling passes in the window
-        },
-        {
-            "threads": _list_of(_tuple_of(_is_int, _is_str)),
-            "costs": _COSTS,  # seconds spent in the window: sample, report, detail
-            "unit_costs": _COSTS,  # the agent's estimates of one sample and one report, in seconds
-            "spent_s": _is_num,  # total seconds spent since start
-            "startup_s": _is_num,  # one-time start-up work (loading proflets), not in spent_s
-            "elapsed_s": _is_num,  # wall seconds since start
-            "budget": _is_num,
-            "delays": _COSTS,  # current mean delays in seconds
-            "dropped": _map_of(_is_int),  # what was dropped and how often
-            "errors": _list_of(_is_str),
-            "mode": _is_str,  # "monitor": following the monitor's timings; "local": its own
-            # per proflet: calibrated costs {ovhd_ms, slow, itvl_ms, prty, allows, detailing} or {off: reason}
-            "proflets": _map_of(lambda v: isinstance(v, dict)),
-            # bursts finished in the window: {proflet, t, length_s, fixed_s, slowdown_s, ...results}
-            "details": _list_of(lambda v: isinstance(v, dict) and isinstance(v.get("proflet"), str)),
-            # per proflet: what its collector's report hook returned for the window (plain data)
-            "data": _map_of(lambda v: isinstance(v, dict)),
-        },
-    ),
+    REPORT: _fields(_REPORT_REQUIRED, _REPORT_OPTIONAL),
     BYE: _fields({"agent": _is_str}, {"reason": _is_str}),
     ERROR: _fields({"agent": _is_str, "message": _is_str}),
-    # plan: {sample_delay_s, report_delay_s, detail_delay_s: {proflet: s}}
-    CONFIGURE: _fields(
-        {}, {"budget": _is_num, "monitor": _is_str, "ceiling": _is_num, "plan": lambda v: isinstance(v, dict)}
-    ),
+    # plan: {sample_delay_s, report_delay_s, detail_delay_s: {proflet: s}, fract, budget (it was made for)}
+    CONFIGURE: _fields({}, {"budget": _is_budget, "monitor": _is_str, "ceiling": _is_budget, "plan": _plan}),
     DETAIL: _fields({"proflet": _is_str}),
     DETACH: _fields({}),
     RESYNC: _fields({}),
-    CTL: _fields({"id": _is_int, "op": _is_str}, {"args": lambda v: isinstance(v, dict)}),
-    CTL_REPLY: _fields({"id": _is_int, "ok": lambda v: isinstance(v, bool)}, {"result": _any, "error": _is_str}),
+    CTL: _fields({"id": _is_int, "op": _is_str}, {"args": _is_map}),
+    # Replies come from our own monitor and hold whole profiles: not walked for nesting.
+    CTL_REPLY: _fields({"id": _is_int, "ok": _is_bool}, {"result": _any, "error": _is_str}),
 }
+
+#: A report decoded with raw_stacks: every check the same but for the stacks' ids (see stack_ids).
+_RAW_REPORT = _fields(dict(_REPORT_REQUIRED, stacks=_stack_rows), _REPORT_OPTIONAL)
 
 AGENT_ACCEPTS: Final = frozenset({CONFIGURE, DETACH, RESYNC, DETAIL})
 MONITOR_ACCEPTS: Final = frozenset({HELLO, REPORT, BYE, ERROR, CTL})
@@ -263,6 +620,7 @@ def parse_budget(text: str | float) -> float:
             value = float(raw[:-1]) / 100.0 if raw.endswith("%") else float(raw)
         except ValueError:
             raise ValueError(f"budget {text!r} is not a number: write it like 1% or 0.01") from None
-    if not (value == value) or value <= 0.0 or value > 0.5:
-        raise ValueError(f"budget {text!r} is out of range: give a value from 0.01% to 50%, e.g. 1%")
+    if not MIN_BUDGET <= value <= MAX_BUDGET:  # NaN fails this too
+        low, high = f"{100 * MIN_BUDGET:g}%", f"{100 * MAX_BUDGET:g}%"
+        raise ValueError(f"budget {text!r} is out of range: give a value from {low} to {high}, e.g. 1%")
     return value

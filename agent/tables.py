@@ -88,9 +88,19 @@ def _instructions(code: CodeType) -> tuple[list[int], list[dis.Instruction]]:
         instructions = [ins for ins in dis.get_instructions(code) if ins.opname not in _SKIP or ins.opname == "PRECALL"]
         entry = (code, [ins.offset for ins in instructions], instructions)
         if len(_decoded) >= _DECODED_CACHE_SIZE:
-            del _decoded[next(iter(_decoded))]
+            # pop, not del: a stopping agent may clear the cache meanwhile (forget_decoded)
+            _decoded.pop(next(iter(_decoded), 0), None)
         _decoded[id(code)] = entry
     return entry[1], entry[2]
+
+
+def forget_decoded() -> None:
+    """Drop the decoded instructions: the agent has stopped and leaves nothing behind.
+
+    Kept, they would hold up to _DECODED_CACHE_SIZE code objects alive (each
+    attach's bootstrap among them) and several MB of instructions.
+    """
+    _decoded.clear()
 
 
 def callee_name(code: CodeType, lasti: int) -> str | None:

@@ -79,9 +79,11 @@ def _dyper_bootstrap(action, params, result_path):
             mod._added_paths.extend(added)
             added = []
             names = params.get("proflets")
+            # Only when given: an older agent in the target may not take them.
+            keys = {k: params[k] for k in ("monitor_key", "key") if params.get(k)}
             agent_id = mod.start(params["monitor"], params["budget"], attach_token=params["token"],
                                  ceiling=params["ceiling"],
-                                 proflets=tuple(names) if names is not None else None)
+                                 proflets=tuple(names) if names is not None else None, **keys)
             result = {"ok": True, "agent": agent_id, "python": _sys.version.split()[0]}
         elif action == "budget":
             running = mod is not None and getattr(mod, "__dyper__", False) and mod.is_running()
@@ -189,16 +191,25 @@ def attach(
     *,
     ceiling: float | None = None,
     proflets: tuple[str, ...] | None = None,
+    monitor_key: str | None = None,
+    key: str | None = None,
     timeout: float = DEFAULT_TIMEOUT_S,
 ) -> Attached:
     """Start dyper's agent inside process ``pid``, streaming to ``monitor``.
 
     ``proflets``: the proflets to run (as ``$DYPER_PROFLETS`` names them); None: the agent's default.
+    ``monitor_key``, ``key``: CURVE certificates (see :func:`agent.start`). The
+    target opens them itself: they must be readable by its user at these
+    paths (made absolute here) in its filesystem. The secret never passes
+    through the bootstrap.
     """
     token = uuid.uuid4().hex
     params: dict[str, Any] = {"monitor": monitor, "budget": budget, "token": token, "ceiling": ceiling}
     if proflets is not None:
         params["proflets"] = list(proflets)
+    if monitor_key and key:
+        params["monitor_key"] = os.path.abspath(os.path.expanduser(monitor_key))
+        params["key"] = os.path.abspath(os.path.expanduser(key))
     _, result = _run(pid, "start", params, timeout)
     return Attached(pid, str(result["agent"]), str(result.get("python", "")), token)
 

@@ -17,6 +17,7 @@ COMMANDS = (
     "attach",
     "detach",
     "monitor",
+    "keys",
     "top",
     "ps",
     "budget",
@@ -62,7 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args._module.run(args))
     except CliError as exc:
-        print(f"dyper {args.command}: error: {exc}", file=sys.stderr)
+        # The module's NAME: a command may have an argument called "command" (run's program).
+        print(f"dyper {getattr(args._module, 'NAME', args.command)}: error: {exc}", file=sys.stderr)
         return exc.code
     except KeyboardInterrupt:
         return 130

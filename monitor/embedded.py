@@ -24,8 +24,9 @@ from agent import protocol
 from monitor.exports import exporter_for
 from monitor.profile import Profile
 from monitor.server import Monitor
+from monitor.services import service_of, service_profile
 from monitor.session import Session
-from monitor.views import render_top, render_waiting, top_view
+from monitor.views import render_top, render_waiting, service_top_view, top_view
 
 #: How long to wait for an agent's last report and bye at the end.
 FINAL_REPORT_WAIT_S = 3.0
@@ -91,7 +92,11 @@ async def profile_target(
         await target.finish(monitor, reason)
         await _await_final_reports(monitor, target.pid)
         session = _session(monitor, target.pid)
-        profile = Profile.from_session(session) if session is not None else None
+        if session is None:
+            return target, None
+        service = service_of(monitor.sessions.values(), session)
+        # A pre-fork server: the master and its workers, merged (the master alone is mostly idle).
+        profile = service_profile(service) if len(service.members) > 1 else Profile.from_session(session)
         return target, profile
     finally:
         with contextlib.suppress(Exception):
@@ -132,9 +137,8 @@ async def _watch(
             if options.duration is not None and time.monotonic() - began >= options.duration:
                 return "duration"
             if live is not None:
-                session = _session(monitor, target.pid)
-                if session is not None and session.reports:
-                    view = top_view(session, options.window_s, charge_libraries=options.libraries)
+                view = live_view(monitor, target.pid, options)
+                if view is not None:
                     live.update(render_top(view, title=_title(options)))
                 else:
                     live.update(render_waiting("waiting for the agent's first report", began))
@@ -145,16 +149,28 @@ async def _watch(
             live.stop()
 
 
+def live_view(monitor: Monitor, pid: int, options: Options) -> dict[str, Any] | None:
+    """The live view of ``pid``, or of its whole service when it has forked workers that report too."""
+    session = _session(monitor, pid)
+    if session is None or not session.reports:
+        return None
+    service = service_of(monitor.sessions.values(), session)
+    if len(service.members) > 1:
+        return service_top_view(service, options.window_s, charge_libraries=options.libraries)
+    return top_view(session, options.window_s, charge_libraries=options.libraries)
+
+
 def _title(options: Options) -> str:
     window = f"last {options.window_s:.0f}s" if options.window_s else "whole run"
     return f"top functions by self cpu ({window}); Ctrl-C to stop"
 
 
 async def _await_final_reports(monitor: Monitor, pid: int) -> None:
+    """Wait (bounded) for the last report and bye of ``pid`` and of the rest of its service."""
     deadline = time.monotonic() + FINAL_REPORT_WAIT_S
     while time.monotonic() < deadline:
         session = _session(monitor, pid)
-        if session is not None and not session.connected:
+        if session is not None and not any(m.connected for m in service_of(monitor.sessions.values(), session).members):
             return
         await asyncio.sleep(0.05)
 
@@ -194,7 +210,7 @@ def summary_view(profile: Profile, options: Options) -> dict[str, Any]:
     rows = profile.functions(options.metric, charge_libraries=options.libraries, floor_pct=DEFAULT_FLOOR_PCT)
     p = profile.process
     duration = float(p.get("duration_s") or 0.0)
-    return {
+    view: dict[str, Any] = {
         "session": {
             "pid": p.get("pid"),
             "argv": p.get("argv", []),
@@ -211,3 +227,12 @@ def summary_view(profile: Profile, options: Options) -> dict[str, Any]:
         "functions": rows[:20],
         "dropped": p.get("dropped", {}),
     }
+    members = p.get("processes") or []
+    if len(members) > 1:
+        view["service"] = {
+            "name": p.get("service", ""),
+            "processes": len(members),
+            "connected": 0,
+            "members": members,
+        }
+    return view

@@ -30,8 +30,11 @@ queue. One writer thread (``dyper-history``) owns the writing connection and
 commits everything queued in one transaction every ``flush_interval_s``
 (0.5 s). The file is in WAL mode, so queries (:meth:`History.counts`,
 :meth:`History.timeline`, each on its own connection, from any thread) read
-while the writer writes. Killed, the monitor loses at most the last
-half-second of reports; reopened, SQLite rolls the WAL forward.
+while the writer writes. While the receive loop has frames waiting, the
+writer holds back (``HOLD_BACK_S``): it shares the monitor's core, and
+answers to agents and users come first. Killed, the monitor loses at most
+the last half-second of reports (a few seconds under load); reopened,
+SQLite rolls the WAL forward.
 
 Retention (:class:`Retention`, checked by the writer every minute or so):
 reports older than ``max_age_s`` are dropped, and sessions whose latest
@@ -51,6 +54,7 @@ import queue
 import sqlite3
 import threading
 import time
+from array import array
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,10 +71,15 @@ FLUSH_INTERVAL_S = 0.5
 MAX_BATCH = 5000
 #: Items waiting for the writer at most; past it reports are not kept (and counted).
 MAX_PENDING = 100_000
+#: While the monitor has frames waiting, the writer leaves it the core (agents and users are
+#: waiting for answers; history is not): for up to this long, and while fewer items wait here.
+HOLD_BACK_S = 2.0
+HOLD_BACK_ITEMS = 5_000
 #: A session whose latest report is this recent is never dropped for size.
 ACTIVE_S = 60.0
-#: How often the writer folds new reports into the whole-run totals.
-TOTALS_INTERVAL_S = 30.0
+#: How often the writer folds new reports into the whole-run totals: an upsert per stack each
+#: time (a few thousand per process), and what a restarted monitor reads back at most.
+TOTALS_INTERVAL_S = 120.0
 SCHEMA_VERSION = 1
 FORMAT = "dyper-history"
 
@@ -156,6 +165,71 @@ def _unpack(data: bytes) -> Any:
     return msgpack.unpackb(data, raw=False, strict_map_key=False, use_list=True)
 
 
+class _Stacks:
+    """A monitor session's stacks as the writer stored them, by the session's stack index (``Window.table``).
+
+    Arrays, not an object per stack: a session has thousands of stacks, and a
+    monitor hundreds of sessions (objects would cost memory and the garbage
+    collector's time).
+    """
+
+    #: marks: counted by the transaction being written; counts committed and not folded yet
+    IN_BATCH, PENDING = 1, 2
+
+    def __init__(self, sid: int, table: list[StackKey]) -> None:
+        self.sid = sid
+        self.table = table
+        #: per index: the stored stack's id (0: not stored yet)
+        self.ids = array("q")
+        #: per index: counts of the transaction being written, and of committed reports since the last fold
+        self.batch_wall, self.batch_cpu, self.wall, self.cpu = array("q"), array("q"), array("q"), array("q")
+        self.marks = bytearray()
+        #: indices the transaction counted, and those with counts not folded yet
+        self.batch: list[int] = []
+        self.pending: list[int] = []
+        #: in the writer's list of sessions with counts to fold
+        self.listed = False
+
+    def grow(self) -> None:
+        """Room for every index of the table (it only grows, on the receive loop's thread)."""
+        more = len(self.table) - len(self.marks)
+        if more > 0:
+            zeros = bytes(8 * more)
+            for a in (self.ids, self.batch_wall, self.batch_cpu, self.wall, self.cpu):
+                a.frombytes(zeros)
+            self.marks.extend(bytes(more))
+
+    def commit(self) -> None:
+        """The transaction is committed: its counts wait for the next fold."""
+        marks = self.marks
+        for i in self.batch:
+            if not marks[i] & self.PENDING:
+                self.pending.append(i)
+            marks[i] = self.PENDING
+            self.wall[i] += self.batch_wall[i]
+            self.cpu[i] += self.batch_cpu[i]
+            self.batch_wall[i] = self.batch_cpu[i] = 0
+        self.batch.clear()
+
+    def rollback(self) -> None:
+        for i in self.batch:
+            self.marks[i] &= ~self.IN_BATCH
+            self.batch_wall[i] = self.batch_cpu[i] = 0
+        self.batch.clear()
+
+    def unfolded(self) -> list[tuple[int, int, int, int, int]]:
+        """(session, thread, stack, wall, cpu) of the counts not folded yet."""
+        table, ids, wall, cpu = self.table, self.ids, self.wall, self.cpu
+        return [(self.sid, table[i][0], ids[i], wall[i], cpu[i]) for i in self.pending]
+
+    def folded(self) -> None:
+        for i in self.pending:
+            self.marks[i] &= ~self.PENDING
+            self.wall[i] = self.cpu[i] = 0
+        self.pending.clear()
+        self.listed = False
+
+
 class History:
     """The history file of one monitor: a writer thread, and queries from any thread."""
 
@@ -174,6 +248,8 @@ class History:
         self.counters: dict[str, int] = {"written": 0, "dropped": 0, "errors": 0, "expired_reports": 0}
         self.last_error = ""
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue(MAX_PENDING)
+        #: whether the monitor has frames waiting (set by Monitor.serve; read on the writer's thread)
+        self.busy: Callable[[], bool] | None = None
         self._thread: threading.Thread | None = None
         self._frames: FrameTable | None = None
         self._lock_file = self._lock()
@@ -185,9 +261,14 @@ class History:
         self._frames_written = 0
         self._session_ids: dict[SessionKey, int] = {}
         self._stack_ids: dict[int, dict[tuple[int, ...], int]] = {}
+        #: per session id: its monitor session's stacks as stored, so a window's stacks are looked
+        #: up by index, not by their frames
+        self._by_index: dict[int, _Stacks] = {}
         self._next_stack = 1
         #: committed reports not yet folded into ``totals``: (session, thread, stack) -> [wall, cpu]
+        #: (read back when the file is opened), and the sessions written since, which hold their own
         self._totals: dict[tuple[int, int, int], list[int]] = {}
+        self._pending: list[_Stacks] = []
         #: and the last report number of each session among them
         self._totals_n: dict[int, int] = {}
         self._totals_due = time.monotonic() + TOTALS_INTERVAL_S
@@ -263,6 +344,7 @@ class History:
             for sid, host, pid, start in conn.execute("SELECT id, host, pid, start_time FROM sessions")
         }
         self._stack_ids = {}
+        self._by_index = {}
         self._next_stack = int(conn.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM stacks").fetchone()[0])
 
     def _catch_up_totals(self) -> None:
@@ -399,6 +481,8 @@ class History:
                     break
                 batch.append((kind, payload))
             if batch:
+                if not (stopping or waiters):
+                    self._hold_back()
                 self._write(batch)
             if stopping or waiters or time.monotonic() >= self._totals_due:
                 self._fold_totals()
@@ -411,6 +495,14 @@ class History:
                 except sqlite3.Error as exc:
                     self._failed(exc, 0)
 
+    def _hold_back(self) -> None:
+        busy = self.busy
+        if busy is None:
+            return
+        until = time.monotonic() + HOLD_BACK_S
+        while busy() and time.monotonic() < until and self._queue.qsize() < HOLD_BACK_ITEMS:
+            time.sleep(0.005)
+
     def _failed(self, exc: Exception, lost: int) -> None:
         self.counters["errors"] += 1
         self.counters["dropped"] += lost
@@ -420,11 +512,12 @@ class History:
 
     def _write(self, batch: list[tuple[str, Any]]) -> None:
         conn = self._conn
+        #: the sessions this transaction counted stacks of (kept in their batch_* until the commit)
+        counted: list[_Stacks] = []
         try:
             conn.execute("BEGIN")
             self._write_frames(conn)
             reports: list[tuple[Any, ...]] = []
-            totals: dict[tuple[int, int, int], list[int]] = {}
             states: dict[int, tuple[dict[str, Any], float | None]] = {}
             for kind, payload in batch:
                 if kind == "session":
@@ -436,7 +529,7 @@ class History:
                 sid = self._session_id(conn, key, hello, update=False)
                 reports.append(
                     (sid, window.n, window.t, window.window_s, window.samples, window.spent_s, window.budget,
-                     _pack(self._encode_counts(conn, sid, window, totals)))
+                     _pack(self._encode_counts(conn, sid, window, counted)))
                 )  # fmt: skip
                 last = states.get(sid, ({}, None))[1]
                 states[sid] = (snapshot, window.t if last is None else max(last, window.t))
@@ -455,17 +548,17 @@ class History:
         except (sqlite3.Error, ValueError, TypeError, OverflowError) as exc:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
+            for stacks in counted:
+                stacks.rollback()
             self._failed(exc, sum(1 for kind, _ in batch if kind == "report"))
             return
         self.counters["written"] += len(reports)
         # Committed: these reports' counts join the totals at the next fold.
-        for key, (wall, cpu) in totals.items():
-            slot = self._totals.get(key)
-            if slot is None:
-                self._totals[key] = [wall, cpu]
-            else:
-                slot[0] += wall
-                slot[1] += cpu
+        for stacks in counted:
+            if not stacks.listed:
+                stacks.listed = True
+                self._pending.append(stacks)
+            stacks.commit()
         for row in reports:
             self._totals_n[row[0]] = max(self._totals_n.get(row[0], 0), row[1])
 
@@ -482,11 +575,13 @@ class History:
         try:
             if own:
                 conn.execute("BEGIN")
+            # A stack in both adds up: the upsert sums.
             conn.executemany(
                 "INSERT INTO totals (session, thread, stack, wall, cpu) VALUES (?, ?, ?, ?, ?) "
                 "ON CONFLICT (session, thread, stack) DO UPDATE SET "
                 "wall = wall + excluded.wall, cpu = cpu + excluded.cpu",
-                [(sid, tid, stack, wc[0], wc[1]) for (sid, tid, stack), wc in self._totals.items()],
+                [(sid, tid, stack, wc[0], wc[1]) for (sid, tid, stack), wc in self._totals.items()]
+                + [row for stacks in self._pending for row in stacks.unfolded()],
             )
             conn.executemany(
                 "UPDATE sessions SET totals_n = MAX(totals_n, ?) WHERE id = ?",
@@ -494,14 +589,21 @@ class History:
             )
             if own:
                 conn.execute("COMMIT")
-                self._totals.clear()
-                self._totals_n.clear()
+                self._folded()
         except sqlite3.Error as exc:
             if not own:
                 raise
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
             self._failed(exc, 0)  # nothing lost: the counts stay pending, and the reports are on disk
+
+    def _folded(self) -> None:
+        """The pending counts are in ``totals`` now."""
+        self._totals.clear()
+        self._totals_n.clear()
+        for stacks in self._pending:
+            stacks.folded()
+        self._pending.clear()
 
     def _write_frames(self, conn: sqlite3.Connection) -> None:
         assert self._frames is not None
@@ -540,28 +642,48 @@ class History:
             }
         return stacks
 
-    def _encode_counts(
-        self, conn: sqlite3.Connection, sid: int, window: Window, totals: dict[tuple[int, int, int], list[int]]
-    ) -> list[Any]:
-        stacks = self._stacks_of(conn, sid)
+    def _encode_counts(self, conn: sqlite3.Connection, sid: int, window: Window, counted: list[_Stacks]) -> list[Any]:
+        """The window's counts as stored (by thread: stack id, wall, cpu, ...), counted in its session's batch."""
+        stacks = self._by_index.get(sid)
+        if stacks is None or stacks.table is not window.table:
+            stacks = self._by_index[sid] = _Stacks(sid, window.table)
+        stacks.grow()
+        if not stacks.batch and stacks not in counted:
+            counted.append(stacks)
+        table, ids, marks, batch = stacks.table, stacks.ids, stacks.marks, stacks.batch
+        batch_wall, batch_cpu = stacks.batch_wall, stacks.batch_cpu
         new: list[tuple[int, int, bytes]] = []
         by_thread: dict[int, list[int]] = {}
-        for (tid, frames), (wall, cpu) in window.counts.items():
-            stack_id = stacks.get(frames)
-            if stack_id is None:
-                stack_id = stacks[frames] = self._next_stack
-                self._next_stack += 1
-                new.append((stack_id, sid, _pack(list(frames))))
-            by_thread.setdefault(tid, []).extend((stack_id, wall, cpu))
-            slot = totals.get((sid, tid, stack_id))
-            if slot is None:
-                totals[(sid, tid, stack_id)] = [wall, cpu]
+        for i, wall, cpu in window.items():
+            stack_id = ids[i]
+            if not stack_id:
+                stack_id = ids[i] = self._stack_id(conn, sid, table[i][1], new)
+            tid = table[i][0]
+            flat = by_thread.get(tid)
+            if flat is None:
+                by_thread[tid] = [stack_id, wall, cpu]
             else:
-                slot[0] += wall
-                slot[1] += cpu
+                flat += (stack_id, wall, cpu)
+            if not marks[i] & _Stacks.IN_BATCH:
+                marks[i] |= _Stacks.IN_BATCH
+                batch.append(i)
+            batch_wall[i] += wall
+            batch_cpu[i] += cpu
         if new:
             conn.executemany("INSERT INTO stacks (id, session, frames) VALUES (?, ?, ?)", new)
         return [[tid, flat] for tid, flat in by_thread.items()]
+
+    def _stack_id(
+        self, conn: sqlite3.Connection, sid: int, frames: tuple[int, ...], new: list[tuple[int, int, bytes]]
+    ) -> int:
+        """The id of the session's stored stack ``frames``; a new one is added to ``new`` (to insert)."""
+        stacks = self._stacks_of(conn, sid)
+        stack_id = stacks.get(frames)
+        if stack_id is None:
+            stack_id = stacks[frames] = self._next_stack
+            self._next_stack += 1
+            new.append((stack_id, sid, _pack(frames)))
+        return stack_id
 
     # --- retention (the writer's thread; call directly only when no writer runs) -----------
 
@@ -570,20 +692,42 @@ class History:
         conn = self._conn
         now = self.clock()
         dropped = {"reports": 0, "sessions": 0}
+        folded = False
+
+        def fold() -> None:
+            # Reports about to go must be in the totals first (folding is not cheap: only then).
+            nonlocal folded
+            if not folded:
+                self._fold_totals(conn)
+                folded = True
+
         conn.execute("BEGIN")
         try:
-            # Reports about to go must be in the totals first.
-            self._fold_totals(conn)
             if self.retention.max_age_s is not None:
                 cutoff = now - self.retention.max_age_s
                 old = [r[0] for r in conn.execute("SELECT id FROM sessions WHERE last_t < ?", (cutoff,))]
+                # Session by session, so the (session, t) index finds them: no scan of every report.
+                aged = [
+                    sid
+                    for (sid,) in conn.execute("SELECT id FROM sessions").fetchall()
+                    if sid not in old
+                    and conn.execute(
+                        "SELECT EXISTS (SELECT 1 FROM reports WHERE session = ? AND t < ?)", (sid, cutoff)
+                    ).fetchone()[0]
+                ]
+                if old or aged:
+                    fold()
                 self._drop_sessions(conn, old, dropped)
-                dropped["reports"] += conn.execute("DELETE FROM reports WHERE t < ?", (cutoff,)).rowcount
+                for sid in aged:
+                    dropped["reports"] += conn.execute(
+                        "DELETE FROM reports WHERE session = ? AND t < ?", (sid, cutoff)
+                    ).rowcount
             if self.retention.max_bytes is not None:
                 # Once over, down to 90%, so that this does not run again at the next check.
                 target = int(self.retention.max_bytes * 0.9)
                 limit = self.retention.max_bytes
                 while (used := self._used_bytes(conn)) > limit:
+                    fold()
                     limit = target
                     n = int(conn.execute("SELECT COUNT(*) FROM reports").fetchone()[0])
                     if n:
@@ -603,8 +747,8 @@ class History:
         except BaseException:
             conn.execute("ROLLBACK")
             raise
-        self._totals.clear()
-        self._totals_n.clear()
+        if folded:
+            self._folded()
         if dropped["reports"] or dropped["sessions"]:
             # executescript steps it to the end; execute() frees one page and stops
             conn.executescript("PRAGMA incremental_vacuum;")
@@ -621,6 +765,7 @@ class History:
             conn.execute("DELETE FROM stacks WHERE session = ?", (sid,))
             conn.execute("DELETE FROM sessions WHERE id = ?", (sid,))
             self._stack_ids.pop(sid, None)
+            self._by_index.pop(sid, None)
         if ids:
             gone = set(ids)
             self._session_ids = {k: v for k, v in self._session_ids.items() if v not in gone}

@@ -136,7 +136,23 @@ class AgentSchedule:
             "report_delay_s": self.plan.report_delay_s,
             "detail_delay_s": {k: v for k, v in self.plan.detail_delay_s.items() if not math.isinf(v)},
             "fract": self.plan.fract,
+            # the agent takes a plan only for the budget it runs at
+            "budget": self.plan.budget,
         }
+
+    def set_budget(self, budget: float, now: float) -> dict[str, Any] | None:
+        """A new budget (``dyper budget``): re-plan now, not a report later, and give the timings to send.
+
+        At 0.01% the next report can be 30 s away, and the agent would run at
+        the new budget with no plan from us for that long.
+        """
+        self.budget = budget
+        if self.plan is None:
+            return None
+        self.plan = plan(budget, self.sample_cost_s, self.report_cost_s, list(self.costs.values()), self.sample_lag_s)
+        self.replans += 1
+        self.scheduler.set_delays(self.plan.detail_delay_s, now)
+        return self.timings()
 
     def _measure(self, report: dict[str, Any], priorities: Priorities) -> None:
         if isinstance(report.get("budget"), int | float):

@@ -11,6 +11,10 @@ so the monitor can answer it (resync, configure, detach), and an agent needs
 only one outgoing connection, which is all a firewall or container usually
 allows.
 
+Off loopback the socket is a CURVE server and also binds a local control
+endpoint without CURVE for the commands run on this host (see
+:mod:`monitor.curve`).
+
 :meth:`Monitor.handle` is the whole protocol logic and does no I/O, so tests
 drive it directly as well as over real sockets.
 """
@@ -31,10 +35,11 @@ import zmq.asyncio
 from agent import protocol
 from monitor.profile import Profile, process_info, session_paths
 from monitor.scheduler import AgentSchedule
-from monitor.session import AgentState, FrameTable, Session, SessionKey, Slice, UnknownLocation
+from monitor.session import AgentState, FrameTable, Session, SessionKey, Slice, UnknownLocation, stacks_as_bytes
 from monitor.windows import WindowSpec
 
 if TYPE_CHECKING:
+    from monitor.curve import Gate, ServerKeys
     from monitor.history import History, ReportMeta
 
 T = TypeVar("T")
@@ -42,16 +47,37 @@ T = TypeVar("T")
 #: Reports kept per unknown agent while we wait for its hello and tables.
 MAX_STASHED_REPORTS = 4
 MAX_STASHED_AGENTS = 1000
+#: Table rows and stack entries kept in all stashed reports together: after a
+#: restart agents send deltas, a few hundred rows each; this bounds what
+#: reports that never resolve can hold.
+MAX_STASHED_ROWS = 1_000_000
 RESYNC_INTERVAL_S = 1.0
 #: How often the detailing queues are looked at between reports: bursts of a
 #: few hundred ms at a high budget are due a few times a second.
 SCHEDULE_TICK_MS = 100
 
+#: The receive loop lets the event loop run (sends, the ZAP handler, replies of
+#: queries run on threads) at least this often, however many frames wait.
+YIELD_S = 0.02
+#: Frames received ahead of handling at most, and their bytes (most reports are some
+#: 50 KiB, the largest a few MiB): control requests among them are answered first.
+RECEIVE_AHEAD = 256
+RECEIVE_AHEAD_BYTES = 64 * 1024 * 1024
+#: How every control request starts on the wire (the envelope up to the body), so
+#: one is told from a report without decoding it.
+_CTL_PREFIX = protocol.encode(protocol.CTL, {})[:-1]
+
 Reply = tuple[bytes, bytes]
 
 
 class Monitor:
-    """DYMON. With ``history``, everything received is kept there, and what it kept is loaded first."""
+    """DYMON. With ``history``, everything received is kept there, and what it kept is loaded first.
+
+    With ``curve`` the endpoint is a CURVE server that lets in only the
+    authorized agent keys, and ``control`` (default: an ipc socket only this
+    user can reach, see :func:`monitor.curve.default_control`) serves this
+    host's commands without CURVE.
+    """
 
     def __init__(
         self,
@@ -59,8 +85,14 @@ class Monitor:
         *,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
         history: History | None = None,
+        curve: ServerKeys | None = None,
+        control: str | None = None,
     ) -> None:
         self.endpoint = endpoint
+        self.curve = curve
+        #: the endpoint without CURVE bound beside a CURVE one (None without CURVE)
+        self.control_endpoint = control
+        self._gate: Gate | None = None
         self.frames = FrameTable()
         self.sessions: dict[SessionKey, Session] = {}
         self.by_agent: dict[str, tuple[Session, AgentState]] = {}
@@ -76,6 +108,7 @@ class Monitor:
         #: DYMON's plan and detailing queue per agent
         self.schedules: dict[str, AgentSchedule] = {}
         self._stash: dict[bytes, deque[dict[str, Any]]] = {}
+        self._stash_rows = 0
         self._last_resync: dict[bytes, float] = {}
         self._outbox: asyncio.Queue[Reply] | None = None
         self._on_event = on_event
@@ -98,6 +131,11 @@ class Monitor:
 
     # --- socket lifecycle -------------------------------------------------------------
 
+    @property
+    def local_endpoint(self) -> str:
+        """Where agents and commands on this host reach us without keys."""
+        return self.control_endpoint or self.endpoint
+
     def bind(self) -> str:
         """Bind the ROUTER socket; return the endpoint actually bound (port 0 resolved)."""
         self._ctx = zmq.asyncio.Context()
@@ -107,16 +145,34 @@ class Monitor:
         sock.setsockopt(zmq.MAXMSGSIZE, protocol.MAX_FRAME_BYTES)
         sock.setsockopt(zmq.RCVHWM, 10_000)
         sock.setsockopt(zmq.SNDHWM, 1_000)
+        if self.curve is not None:
+            from monitor.curve import Gate
+
+            self._gate = Gate(self.curve, self.counters, self._event)
+            self._gate.install(self._ctx, sock)
+        bound = self.endpoint
         try:
             if self.endpoint.endswith(":0"):
                 port = sock.bind_to_random_port(self.endpoint.rsplit(":", 1)[0])
                 self.endpoint = f"{self.endpoint.rsplit(':', 1)[0]}:{port}"
             else:
                 sock.bind(self.endpoint)
-        except zmq.ZMQError as exc:
+            if self._gate is not None:
+                # Bound last, and so without CURVE (options count for later binds).
+                sock.curve_server = False
+                bound = self.control_endpoint or "the control endpoint"
+                if self.control_endpoint is None:
+                    from monitor.curve import default_control
+
+                    self.control_endpoint = default_control(int(self.endpoint.rsplit(":", 1)[1]))
+                bound = self.control_endpoint
+                sock.bind(self.control_endpoint)
+        except (zmq.ZMQError, ValueError) as exc:
             sock.close(linger=0)
+            if self._gate is not None:
+                self._gate.close()
             self._ctx.term()
-            raise OSError(f"cannot listen on {self.endpoint}: {exc.strerror}") from None
+            raise OSError(f"cannot listen on {bound}: {getattr(exc, 'strerror', None) or exc}") from None
         self._sock = sock
         return self.endpoint
 
@@ -127,8 +183,14 @@ class Monitor:
         if self.history is not None:
             self.history.close()
         if self._sock is not None:
+            if self._gate is not None:
+                with contextlib.suppress(zmq.ZMQError):
+                    self._sock.disable_monitor()
             self._sock.close(linger=0)
             self._sock = None
+        if self._gate is not None:
+            self._gate.close()
+            self._gate = None
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
@@ -139,30 +201,51 @@ class Monitor:
         sock = self._sock
         self._outbox = asyncio.Queue()
         sender = asyncio.create_task(self._send_loop(sock))
+        # CURVE: the ZAP handler and the count of failed handshakes, on this loop too.
+        gate = asyncio.create_task(self._gate.run()) if self._gate is not None else None
+        # The same socket without futures, for receiving what poll says is ready: a
+        # zmq.asyncio recv costs a future and callbacks per message. Only this task uses it.
+        raw: zmq.Socket[bytes] = zmq.Socket.shadow(sock.underlying)
+        pending = Received()
+        if self.history is not None:
+            self.history.busy = pending.__bool__  # the writer holds back while frames wait
+        ticked = 0.0
         try:
             while not stop.is_set():
-                # Poll, then receive only what is ready: cancelling a pending
-                # recv (asyncio.wait_for on recv_multipart) can consume a
-                # message and then drop it (pyzmq and CPython race).
-                ready = await sock.poll(SCHEDULE_TICK_MS)  # POLLIN
-                for reply in self._tick_schedules():
-                    self._outbox.put_nowait(reply)
-                if not ready:
-                    continue
-                for _ in range(1000):  # bounded, so stop and sends get their turn
-                    if not int(sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-                        break
-                    parts = await sock.recv_multipart(copy=True)
-                    self.counters["frames"] += 1
-                    if len(parts) != 2:
-                        self.counters["bad_frames"] += 1
-                        continue
-                    for reply in self.handle(parts[0], parts[1]):
+                if not pending:
+                    # Poll, then receive only what is ready: cancelling a pending
+                    # recv (asyncio.wait_for on recv_multipart) can consume a
+                    # message and then drop it (pyzmq and CPython race).
+                    await sock.poll(SCHEDULE_TICK_MS)  # POLLIN
+                now = time.monotonic()
+                if now - ticked >= SCHEDULE_TICK_MS / 1000.0:
+                    ticked = now
+                    for reply in self._tick_schedules():
                         self._outbox.put_nowait(reply)
+                pending.fill(raw)
+                # Handle frames for a while, then let the rest of the loop run: the sends
+                # (replies, plans) and the ZAP handler must not wait for a whole backlog.
+                until = time.monotonic() + YIELD_S
+                while pending and time.monotonic() < until:
+                    self._take(pending.pop())
+                await asyncio.sleep(0)
         finally:
-            sender.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sender
+            if self.history is not None:
+                self.history.busy = None
+            for task in (sender, gate):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+
+    def _take(self, parts: list[bytes]) -> None:
+        assert self._outbox is not None
+        self.counters["frames"] += 1
+        if len(parts) != 2:
+            self.counters["bad_frames"] += 1
+            return
+        for reply in self.handle(parts[0], parts[1]):
+            self._outbox.put_nowait(reply)
 
     async def _send_loop(self, sock: zmq.asyncio.Socket) -> None:
         assert self._outbox is not None
@@ -181,8 +264,15 @@ class Monitor:
     def handle(self, ident: bytes, data: bytes) -> list[Reply]:
         """Process one frame from ``ident``; return the frames to send back."""
         try:
-            msg_type, body = protocol.decode(data, protocol.MONITOR_ACCEPTS)
+            # Stacks' location ids stay bytes: most came before, and those that did not are
+            # checked before the report changes anything (Session.check_stacks).
+            msg_type, body = protocol.decode(data, protocol.MONITOR_ACCEPTS, raw_stacks=True)
         except protocol.DecodeError:
+            self.counters["bad_frames"] += 1
+            return []
+        if msg_type != protocol.CTL and ident != body["agent"].encode():
+            # An agent's routing id is its agent id (agent.core sets it): a peer
+            # speaking for another agent would take its replies and its session.
             self.counters["bad_frames"] += 1
             return []
         try:
@@ -194,10 +284,11 @@ class Monitor:
                 self._on_bye(body)
                 return []
             if msg_type == protocol.ERROR:
+                message = body["message"][: protocol.MAX_ERROR_CHARS]
                 entry = self.by_agent.get(body["agent"])
                 if entry is not None:
-                    entry[0].errors.append(body["message"])
-                self._event("agent_error", {"agent": body["agent"], "message": body["message"]})
+                    entry[0].errors.append(message)
+                self._event("agent_error", {"agent": body["agent"], "message": message})
                 return []
             if msg_type == protocol.CTL:
                 answer = self._on_ctl(ident, body)
@@ -205,6 +296,9 @@ class Monitor:
         except Exception as exc:  # a bug must cost one message, not the monitor
             self.counters["bad_frames"] += 1
             self._event("internal_error", {"message": f"{type(exc).__name__}: {exc}"})
+            if msg_type == protocol.CTL:
+                # The client waits for an answer: a wrong one beats a timeout that blames the network.
+                return [(ident, _ctl_reply(body["id"], error=f"{body['op']}: {type(exc).__name__}: {exc}"))]
         return []
 
     def _event(self, kind: str, data: dict[str, Any]) -> None:
@@ -213,6 +307,12 @@ class Monitor:
 
     def _on_hello(self, ident: bytes, body: dict[str, Any]) -> list[Reply]:
         key: SessionKey = (body["host"], body["pid"], float(body["start_time"]))
+        known = self.by_agent.get(body["agent"])
+        if known is not None and known[0].key != key:
+            # An agent lives and dies in one process: a hello that moves it to
+            # another would leave its session connected to nobody. Refused.
+            self.counters["bad_frames"] += 1
+            return []
         session = self.sessions.get(key)
         if session is None:
             session = self.sessions[key] = Session(key, body, self.frames)
@@ -225,12 +325,22 @@ class Monitor:
         self._event("hello", {"pid": body["pid"], "agent": state.agent_id})
         replies: list[Reply] = []
         # Reports that arrived before the hello (we restarted) go in now.
-        for report in list(self._stash.pop(ident, ())):
+        for report in self._unstash(ident):
             replies += self._on_report(ident, report, stashed=True)
         return replies
 
     def _on_report(self, ident: bytes, body: dict[str, Any], stashed: bool = False) -> list[Reply]:
         entry = self.by_agent.get(body["agent"])
+        try:
+            # A malformed report is refused whole, before it changes anything.
+            if entry is None:
+                for _, _, ids in stacks_as_bytes(body["stacks"]):
+                    protocol.stack_ids(ids)
+            else:
+                checked = entry[0].check_stacks(entry[1], body)
+        except protocol.DecodeError:
+            self.counters["bad_frames"] += 1
+            return []
         if entry is None:
             return self._stash_and_resync(ident, body)
         session, state = entry
@@ -240,7 +350,7 @@ class Monitor:
             self.counters["dropped_reports"] += 1
             return []
         try:
-            session.ingest(state, body)
+            session.ingest(state, body, checked)
         except UnknownLocation:
             # We lost this agent's tables (restart while it kept running).
             return self._stash_and_resync(ident, body)
@@ -251,7 +361,7 @@ class Monitor:
         if not stashed:
             replies += self._schedule(ident, session, state, body)
         if not stashed and ident in self._stash:
-            for report in list(self._stash.pop(ident)):
+            for report in self._unstash(ident):
                 replies += self._on_report(ident, report, stashed=True)
         return replies
 
@@ -289,20 +399,33 @@ class Monitor:
         return replies
 
     def _stash_and_resync(self, ident: bytes, body: dict[str, Any]) -> list[Reply]:
-        if ident not in self._stash and len(self._stash) >= MAX_STASHED_AGENTS:
+        rows = _rows(body)
+        queue = self._stash.get(ident)
+        if (queue is None and len(self._stash) >= MAX_STASHED_AGENTS) or self._stash_rows + rows > MAX_STASHED_ROWS:
             self.counters["dropped_reports"] += 1
         else:
-            queue = self._stash.setdefault(ident, deque(maxlen=MAX_STASHED_REPORTS))
-            if len(queue) == queue.maxlen:
+            if queue is None:
+                queue = self._stash[ident] = deque()
+            if len(queue) >= MAX_STASHED_REPORTS:
+                self._stash_rows -= _rows(queue.popleft())
                 self.counters["dropped_reports"] += 1
             queue.append(body)
+            self._stash_rows += rows
             self.counters["stashed_reports"] += 1
         now = time.monotonic()
         if now - self._last_resync.get(ident, 0.0) < RESYNC_INTERVAL_S:
             return []
+        if len(self._last_resync) >= MAX_STASHED_AGENTS:
+            # Peers that stopped sending long ago (or never were agents): forget them.
+            self._last_resync = {i: t for i, t in self._last_resync.items() if now - t < RESYNC_INTERVAL_S}
         self._last_resync[ident] = now
         self.counters["resyncs"] += 1
         return [(ident, protocol.encode(protocol.RESYNC, {}))]
+
+    def _unstash(self, ident: bytes) -> list[dict[str, Any]]:
+        reports = list(self._stash.pop(ident, ()))
+        self._stash_rows -= sum(_rows(r) for r in reports)
+        return reports
 
     def _on_bye(self, body: dict[str, Any]) -> None:
         entry = self.by_agent.get(body["agent"])
@@ -331,6 +454,23 @@ class Monitor:
             if state.connected and ident is not None:
                 self.post(ident, msg_type, body)
                 n += 1
+        return n
+
+    def _configure_budget(self, session: Session, budget: float) -> int:
+        """Send a new budget to the session's connected agents, each with the plan for it (DYMON re-plans)."""
+        now = time.monotonic()
+        n = 0
+        for state in session.agents.values():
+            ident = self.routing.get(state.agent_id)
+            if not state.connected or ident is None:
+                continue
+            body: dict[str, Any] = {"budget": budget}
+            schedule = self.schedules.get(state.agent_id)
+            timings = schedule.set_budget(budget, now) if schedule is not None else None
+            if timings is not None:
+                body["plan"] = timings
+            self.post(ident, protocol.CONFIGURE, body)
+            n += 1
         return n
 
     def sessions_info(self) -> list[dict[str, Any]]:
@@ -501,6 +641,10 @@ class Monitor:
             return reply(info)
         if op == "sessions":
             return reply(self.sessions_info())
+        if op == "services":
+            from monitor.services import group
+
+            return reply([service.info() for service in group(self.sessions.values())])
         if op == "history":
             if self.history is None:
                 return reply(error="this monitor keeps no history (started with --no-history)")
@@ -520,6 +664,8 @@ class Monitor:
                 if window_s is not None and (not isinstance(window_s, int | float) or window_s <= 0):
                     return reply(error="report: window_s must be a positive number of seconds")
                 return reply(build_report(session, float(window_s) if window_s is not None else None))
+            if args.get("service") and op in ("profile", "top"):
+                return reply(self._service_answer(op, session, args))
             try:
                 spec = _window_arg(args)
             except ValueError as exc:
@@ -559,10 +705,68 @@ class Monitor:
                         asked += 1
                 return reply({"asked": asked})
             budget = args.get("budget")
-            if not isinstance(budget, int | float) or not 0 < budget <= 0.5:
-                return reply(error="budget: give a fraction between 0 and 0.5")
-            return reply({"configured": self.send_to_pid(pid, protocol.CONFIGURE, {"budget": float(budget)})})
+            if not isinstance(budget, int | float) or not protocol.MIN_BUDGET <= budget <= protocol.MAX_BUDGET:
+                # What the agent takes (agent.protocol): anything else it would count as a bad message.
+                return reply(error=f"budget: give a fraction from {protocol.MIN_BUDGET:g} to {protocol.MAX_BUDGET:g}")
+            return reply({"configured": self._configure_budget(session, float(budget))})
         return reply(error=f"unknown operation {op!r}")
+
+    def _service_answer(self, op: str, session: Session, args: dict[str, Any]) -> dict[str, Any]:
+        """``profile``/``top`` of the whole service ``session`` belongs to (whole run, or ``window_s``, from memory)."""
+        from monitor.services import service_of, service_profile
+        from monitor.views import service_top_view
+
+        window_s = args.get("window_s")
+        seconds = float(window_s) if isinstance(window_s, int | float) and window_s > 0 else None
+        service = service_of(self.sessions.values(), session)
+        if op == "profile":
+            return service_profile(service, WindowSpec.last(seconds) if seconds else None).to_json()
+        return service_top_view(service, seconds, charge_libraries=bool(args.get("libraries")))
+
+
+class Received:
+    """Frames received and not handled yet, control requests first.
+
+    A ``dyper top`` or ``ping`` waits behind the frames already taken, not
+    behind every frame queued: under load a query is answered in about the
+    time a few reports take, not the whole backlog.
+    """
+
+    def __init__(self) -> None:
+        self.frames: deque[list[bytes]] = deque()
+        self.bytes = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.frames)
+
+    def __len__(self) -> int:
+        return len(self.frames)
+
+    def fill(self, sock: zmq.Socket[bytes]) -> None:
+        """Receive what is ready, up to RECEIVE_AHEAD frames and RECEIVE_AHEAD_BYTES held."""
+        control: list[list[bytes]] = []
+        while len(self.frames) + len(control) < RECEIVE_AHEAD and self.bytes < RECEIVE_AHEAD_BYTES:
+            try:
+                parts = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            self.bytes += sum(map(len, parts))
+            if parts[-1].startswith(_CTL_PREFIX):
+                control.append(parts)
+            else:
+                self.frames.append(parts)
+        self.frames.extendleft(reversed(control))
+
+    def pop(self) -> list[bytes]:
+        parts = self.frames.popleft()
+        self.bytes -= sum(map(len, parts))
+        return parts
+
+
+def _rows(report: dict[str, Any]) -> int:
+    """What a report holds, in table rows and stack entries (what its decoded size grows with)."""
+    stacks = report["stacks"]
+    return len(report["strings"]) + len(report["locs"]) + len(stacks) + sum(len(s[2]) for s in stacks)
 
 
 def _ctl_reply(rid: int, result: Any = None, error: str | None = None) -> bytes:

@@ -9,27 +9,55 @@ has its own string tables, mapped here onto the monitor's global frame table.
 Ingest is cheap and incremental: a report adds its counts to the session's
 whole-run table and is kept, bounded by age, for time windows ("now").
 Trees are built only when someone looks (see :mod:`monitor.profile`).
+
+One monitor takes in a few hundred reports a second, so the per-stack work
+is kept small: each agent's stacks are resolved once (location ids to frame
+ids, and to the session's numbered stack) and cached by the bytes they came
+in; stacks are interned monitor-wide; a window keeps its counts as small
+arrays of stack numbers; and figures the scheduler asks for after every
+report are running sums over the last seconds (:meth:`Session.recent`).
 """
 
 from __future__ import annotations
 
+import functools
 import time
+from array import array
 from collections import deque
+from collections.abc import Callable, Collection, Hashable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
-from agent.protocol import LOC_AGENT, LOC_BLOCKING, LOC_IO, LOC_LOCK, LOC_SLEEP
+import msgpack
+
+from agent import protocol
+from agent.budget import slowdown, slowdown_by
+from agent.protocol import LOC_AGENT, LOC_BLOCKING, LOC_IO, LOC_LOCK, LOC_SLEEP, MAX_ERROR_CHARS
 from proflets.base import Analyzer, ReportView
 
 #: (host, pid, process start time)
 SessionKey = tuple[str, int, float]
+#: Session.check_stacks: per stack of a report, its code in the agent's cache (-1: not
+#: there), and the location ids of those the agent had not sent before
+StackCheck = tuple[list[int], dict[bytes, list[int]]]
 #: index into FrameTable.frames
 FrameId = int
 #: (thread ident, frame ids root first)
 StackKey = tuple[int, tuple[FrameId, ...]]
 
+#: keys of an analyzer's per-window summaries (see Session.recent)
+K = TypeVar("K", bound=Hashable)
+
 #: How long per-report deltas are kept for "now" windows.
 WINDOW_RETENTION_S = 600.0
+#: Stacks an agent's resolved-stack cache holds at most (some 200 bytes each); past it, it starts afresh.
+MAX_CACHED_STACKS = 20_000
+
+#: What a stack's leaf was doing, as a small code a cached stack carries (see leaf_kind):
+#: the first five are proflets.base.KINDS; EMPTY is a stack of dyper's own frames only.
+_KIND_NAMES = ("run", "lock", "wait", "io", "sleep")
+_KIND_CODES = {name: code for code, name in enumerate(_KIND_NAMES)}
+_RUN, _EMPTY = 0, 5
 
 
 @dataclass(frozen=True)
@@ -41,8 +69,9 @@ class Frame:
     firstline: int
     line: int
 
-    @property
+    @functools.cached_property
     def function(self) -> tuple[str, str, int]:
+        # Cached (in the instance's dict, which frozen allows): priorities look it up per report.
         return (self.file, self.name, self.firstline)
 
     def label(self) -> str:
@@ -54,15 +83,31 @@ class FrameTable:
 
     def __init__(self) -> None:
         self.frames: list[Frame] = []
-        self._ids: dict[Frame, FrameId] = {}
+        #: by (file, name, first line, line): a plain tuple hashes and compares in C, a Frame does not
+        self._ids: dict[tuple[str, str, int, int], FrameId] = {}
+        #: each distinct stack (frame ids, root first) once, numbered: the processes of one service
+        #: share most of theirs, and every session's stack keys hold these
+        self.stacks: list[tuple[FrameId, ...]] = []
+        self._stack_ids: dict[tuple[FrameId, ...], int] = {}
 
     def intern(self, frame: Frame) -> FrameId:
-        fid = self._ids.get(frame)
+        return self.intern_location(frame.file, frame.name, frame.firstline, frame.line)
+
+    def intern_location(self, file: str, name: str, firstline: int, line: int) -> FrameId:
+        key = (file, name, firstline, line)
+        fid = self._ids.get(key)
         if fid is None:
-            fid = len(self.frames)
-            self._ids[frame] = fid
-            self.frames.append(frame)
+            fid = self._ids[key] = len(self.frames)
+            self.frames.append(Frame(file, name, firstline, line))
         return fid
+
+    def intern_stack(self, stack: tuple[FrameId, ...]) -> int:
+        """The number of ``stack`` (frame ids, root first) in :attr:`stacks`."""
+        n = self._stack_ids.get(stack)
+        if n is None:
+            n = self._stack_ids[stack] = len(self.stacks)
+            self.stacks.append(stack)
+        return n
 
 
 class UnknownLocation(KeyError):
@@ -78,6 +123,14 @@ class AgentState:
     strings: dict[int, str] = field(default_factory=dict)
     #: agent location id -> (global frame id, flags, agent.protocol LOC_*); None for dyper's own code
     locs: dict[int, tuple[FrameId, int] | None] = field(default_factory=dict)
+    #: agent location id -> global frame id, for the application's locations (the ones stacks keep)
+    fids: dict[int, FrameId] = field(default_factory=dict)
+    #: thread -> location ids as sent (msgpack bytes) -> the session's stack index << 3 | leaf kind
+    #: code: a stack seen before costs a lookup, and its ids were checked when it was first seen.
+    #: Valid while no location is sent again as other code (an epoch starts it afresh).
+    stacks: dict[int, dict[bytes, int]] = field(default_factory=dict)
+    #: entries in ``stacks``
+    cached: int = 0
     connected: bool = True
     last_seen: float = 0.0
     last_seq: int = -1
@@ -93,20 +146,46 @@ class AgentState:
     #: per proflet: calibrated costs as last reported, or {"off": reason}
     proflets: dict[str, dict[str, Any]] = field(default_factory=dict)
 
+    def forget_stacks(self) -> None:
+        self.stacks.clear()
+        self.cached = 0
 
-@dataclass
+
+@dataclass(slots=True)
 class Window:
-    """Counts of one report, kept for time-window views (never changed once made)."""
+    """Counts of one report, kept for time-window views (never changed once made).
+
+    Compact, since a session keeps ten minutes of them: the report's stacks
+    as indices into the session's ``table`` of stack keys, and their
+    ``[wall, cpu]`` counts flattened, each in the smallest unsigned array
+    that holds them (a few bytes per stack instead of some 300).
+    """
 
     t: float
     samples: int
-    counts: dict[StackKey, list[int]]
+    #: indices into ``table``, in the order the report first named them
+    stacks: array[int]
+    #: wall, cpu, wall, cpu, ... for ``stacks``
+    values: array[int]
+    #: the session's stack keys (append-only, shared by all its windows)
+    table: list[StackKey]
     #: the report's number in its session, from 1 (history splits memory from disk by it)
     n: int = 0
     window_s: float = 0.0
     #: seconds the agent spent in the window, all categories
     spent_s: float = 0.0
     budget: float = 0.0
+
+    def items(self) -> Iterator[tuple[int, int, int]]:
+        """(stack index, wall, cpu) per stack."""
+        it = iter(self.values)
+        return zip(self.stacks, it, it, strict=True)
+
+    @property
+    def counts(self) -> dict[StackKey, list[int]]:
+        """The window's counts as a new map (stack -> [wall, cpu])."""
+        table = self.table
+        return {table[i]: [wall, cpu] for i, wall, cpu in self.items()}
 
 
 @dataclass
@@ -149,11 +228,28 @@ class Session:
         #: end times of the first and latest reports (the agents' clocks)
         self.first_report_t: float | None = None
         self.agents: dict[str, AgentState] = {}
-        #: whole run: stack -> [wall samples, cpu samples]
-        self.counts: dict[StackKey, list[int]] = {}
+        #: every stack the session has seen, by index (windows name stacks by it); append-only
+        self.stack_keys: list[StackKey] = []
+        #: (thread, FrameTable stack number) -> index in stack_keys
+        self._stack_index: dict[tuple[int, int], int] = {}
+        #: whole run, by stack index: wall and cpu samples, whether counted at all, and the order in
+        #: which stacks were first counted (arrays: a list per stack would cost memory and the
+        #: garbage collector's time, thousands per process); see :attr:`counts`
+        self._wall = array("q")
+        self._cpu = array("q")
+        self._counted = bytearray()
+        self._count_order: list[int] = []
+        self._counts_view: dict[StackKey, list[int]] | None = None
+        #: thread ident -> the same int, kept once (stack keys share it)
+        self._tids: dict[int, int] = {}
         self.threads: dict[int, str] = {}
         self.samples = 0
         self.windows: deque[Window] = deque()
+        #: the number of the newest window whose end time is before the one ahead of it (agent
+        #: clocks can step back): while it is kept, windows are not in time order
+        self._unordered_n = 0
+        #: running sums over the last seconds of windows, by name (see :meth:`recent`)
+        self._recent: dict[str, RecentSums] = {}
         self.errors: deque[str] = deque(maxlen=50)
         self.reports = 0
         self.last_report_t = 0.0
@@ -183,10 +279,10 @@ class Session:
         return live[-1].budget if live else float(self.hello.get("budget", 0.0))
 
     def overhead(self) -> float:
-        """Fraction of wall time the agents report having spent, over their lifetimes."""
+        """The overhead the agents report, over their lifetimes: a slowdown, like the budget (agent.budget.slowdown)."""
         spent = sum(a.spent_s for a in self.agents.values())
         elapsed = sum(a.elapsed_s for a in self.agents.values())
-        return spent / elapsed if elapsed > 0 else 0.0
+        return slowdown(spent, elapsed)
 
     def duration_s(self) -> float:
         return sum(a.elapsed_s for a in self.agents.values())
@@ -203,48 +299,105 @@ class Session:
         self.hello = hello
         return state
 
-    def ingest(self, state: AgentState, report: dict[str, Any]) -> None:
-        """Add one report's deltas. Raises :class:`UnknownLocation` before changing anything."""
+    def check_stacks(self, state: AgentState, report: dict[str, Any]) -> StackCheck:
+        """Look the report's stacks up in the agent's cache, and check the location ids of those it has not sent before.
+
+        Raises :class:`agent.protocol.DecodeError` if one is not a list of
+        location ids (see ``protocol.decode(raw_stacks=True)``). Changes nothing.
+        """
+        cache = state.stacks if report["epoch"] == state.epoch else {}
+        rows = stacks_as_bytes(report["stacks"])
+        none: dict[bytes, int] = {}
+        codes = [cache.get(tid, none).get(ids, -1) for tid, _, ids in rows]
+        unseen = list({ids: None for (_, _, ids), code in zip(rows, codes, strict=True) if code < 0})
+        return codes, dict(zip(unseen, protocol.stacks_ids(unseen), strict=True))
+
+    def ingest(self, state: AgentState, report: dict[str, Any], checked: StackCheck | None = None) -> None:
+        """Add one report's deltas (``checked``: what :meth:`check_stacks` said of it, done here if None).
+
+        Raises DecodeError (from check_stacks) before any change, and :class:`UnknownLocation` before any
+        count changes (the table rows it brought are kept: they are the agent's, and a resync resends them).
+        """
+        rows = stacks_as_bytes(report["stacks"])
+        codes, fresh = checked if checked is not None else self.check_stacks(state, report)
         if report["epoch"] != state.epoch:
             state.epoch = report["epoch"]
             state.strings.clear()
             state.locs.clear()
+            state.fids.clear()
+            state.forget_stacks()
         strings = state.strings
-        for sid, text in report["strings"]:
-            strings[sid] = text
+        strings.update(report["strings"])
+        intern = self.frames.intern_location
         new_locs: dict[int, tuple[FrameId, int] | None] = {}
+        new_fids: dict[int, FrameId] = {}
         for lid, file_sid, name_sid, firstline, line, flags in report["locs"]:
             try:
-                frame = Frame(strings[file_sid], strings[name_sid], firstline, line)
+                file, name = strings[file_sid], strings[name_sid]
             except KeyError:
                 raise UnknownLocation(lid) from None
             if flags & LOC_AGENT:
                 new_locs[lid] = None  # a detailing hook: its cost is in the ledger, not the profile
                 continue
-            new_locs[lid] = (self.frames.intern(frame), flags)
-        state.locs.update(new_locs)
+            fid = new_fids[lid] = intern(file, name, firstline, line)
+            new_locs[lid] = (fid, flags)
         locs = state.locs
-        # Resolve everything first so a report with a hole changes nothing.
-        resolved: list[tuple[StackKey, int, int]] = []
-        for tid, count, stack in report["stacks"]:
-            try:
-                mapped = [m for m in (locs[lid] for lid in reversed(stack)) if m is not None]
-            except KeyError as exc:
-                raise UnknownLocation(exc.args[0]) from None
-            leaf_flags = mapped[-1][1] if mapped else 0
-            resolved.append(((tid, tuple(fid for fid, _ in mapped)), count, leaf_flags))
+        if not locs.keys().isdisjoint(new_locs):
+            if any(lid in locs and locs[lid] != mapped for lid, mapped in new_locs.items()):
+                state.forget_stacks()  # a location changed under its id: stacks resolved with it are stale
+                codes = [-1] * len(rows)
+            for lid in new_locs.keys() - new_fids.keys():
+                state.fids.pop(lid, None)
+        locs.update(new_locs)
+        state.fids.update(new_fids)
 
-        window: dict[StackKey, list[int]] = {}
+        # Resolve everything first so a report with a hole changes nothing.
+        #: samples per code (the session's stack index << 3 | what the stack's leaf was doing)
+        by_code: dict[int, int] = {}
+        for (tid, count, ids), code in zip(rows, codes, strict=True):
+            if code < 0:
+                stack = fresh.get(ids)
+                if stack is None:  # checked before, but the cache started afresh since (a location changed)
+                    stack = protocol.stack_ids(ids)
+                code = self._resolve(state, tid, ids, stack)
+            by_code[code] = by_code.get(code, 0) + count
+        # One stack under two leaf kinds (two locations of one line, flagged apart) is one entry of the window.
+        twice = len({code >> 3 for code in by_code}) < len(by_code)
+        at: dict[int, int] = {}
+
+        keys = self.stack_keys
+        self._grow()
+        wall, cpu_of, counted, first_counted = self._wall, self._cpu, self._counted, self._count_order
+        self._counts_view = None
+        #: the window: stack indices in the order the report first named them, and wall, cpu for each
+        order: list[int] = []
+        values: list[int] = []
         #: per thread: samples by what the leaf was doing, for the proflets
         kinds: dict[int, dict[str, int]] = {}
-        for key, count, leaf_flags in resolved:
-            cpu = 0 if leaf_flags & LOC_BLOCKING else count
-            _add(self.counts, key, count, cpu)
-            _add(window, key, count, cpu)
-            if key[1]:  # a thread only in dyper's own code is not the application's
-                per = kinds.setdefault(key[0], {})
-                kind = leaf_kind(leaf_flags)
-                per[kind] = per.get(kind, 0) + count
+        for code, n in by_code.items():
+            i = code >> 3
+            kind = code & 7
+            cpu = n if kind in (_RUN, _EMPTY) else 0  # a blocked leaf's samples are wall time only
+            wall[i] += n
+            cpu_of[i] += cpu
+            if not counted[i]:
+                counted[i] = 1
+                first_counted.append(i)
+            if kind != _EMPTY:  # a thread only in dyper's own code is not the application's
+                tid = keys[i][0]
+                per = kinds.get(tid)
+                if per is None:
+                    per = kinds[tid] = {}
+                name = _KIND_NAMES[kind]
+                per[name] = per.get(name, 0) + n
+            if twice:
+                if i in at:
+                    values[2 * at[i]] += n
+                    values[2 * at[i] + 1] += cpu
+                    continue
+                at[i] = len(order)
+            order.append(i)
+            values += (n, cpu)
         for tid, name in report.get("threads") or ():
             self.threads[tid] = name
         self.samples += report["samples"]
@@ -271,11 +424,17 @@ class Session:
         window_costs = {k: float(v) for k, v in (report.get("costs") or {}).items()}
         for k, v in window_costs.items():
             self.costs[k] = self.costs.get(k, 0.0) + v
+        if self.windows and t < self.windows[-1].t:
+            self._unordered_n = self.reports
+            for sums in self._recent.values():
+                sums.clear()
         self.windows.append(
             Window(
                 t,
                 report["samples"],
-                window,
+                _compact(order),
+                _compact(values),
+                self.stack_keys,
                 n=self.reports,
                 window_s=float(report["window_s"]),
                 spent_s=sum(window_costs.values()),
@@ -288,9 +447,80 @@ class Session:
         for burst in report.get("details") or ():
             self._add_burst(burst)
         for message in report.get("errors") or ():
-            self.errors.append(message)
+            self.errors.append(message[:MAX_ERROR_CHARS])
         self.overhead_history.append((t, self.budget(), self.overhead()))
         self._feed_analyzers(report, t, kinds)
+
+    def _resolve(self, state: AgentState, tid: int, ids: bytes, stack: list[int]) -> int:
+        """Map a stack as an agent sent it (location ids, leaf first) to the session's stack index, and cache it."""
+        try:
+            frames = tuple(map(state.fids.__getitem__, reversed(stack)))
+            leaf = state.locs[stack[0]] if stack else None
+        except KeyError:
+            # dyper's own locations leave the stack; any other id is one we never received
+            try:
+                found = [state.locs[lid] for lid in reversed(stack)]
+            except KeyError as exc:
+                raise UnknownLocation(exc.args[0]) from None
+            mapped = [m for m in found if m is not None]
+            frames = tuple([fid for fid, _ in mapped])
+            leaf = mapped[-1] if mapped else None
+        tid = self._tids.setdefault(tid, tid)
+        i = self._index(tid, frames)
+        kind = _kind_code(leaf[1]) if leaf is not None else _EMPTY
+        code = i << 3 | kind
+        if state.cached >= MAX_CACHED_STACKS:
+            state.forget_stacks()
+        per = state.stacks.get(tid)
+        if per is None:
+            per = state.stacks[tid] = {}
+        per[ids] = code
+        state.cached += 1
+        return code
+
+    # --- running sums over the last seconds ---------------------------------------------
+
+    def recent(
+        self, name: str, seconds: float, summarize: Callable[[Window], dict[K, int]]
+    ) -> tuple[dict[K, int], int]:
+        """Sums of ``summarize(window)``, and sampling passes, over the windows :meth:`window_counts` would merge.
+
+        For analyzers that need a figure of the last few seconds after every
+        report (the scheduler's priorities): kept up to date as windows come
+        and go, so each window is summarized once, instead of merging all
+        the recent windows' stacks each time. ``summarize`` must be additive
+        (the summary of merged counts is the sum of the summaries) and give
+        positive values; sums that come back to 0 are dropped. An analyzer
+        whose summaries would change (what it classifies changed) calls
+        :meth:`forget_recent`. The map returned is the running one: read it,
+        do not keep or change it.
+        """
+        windows = self.windows
+        sums = self._recent.get(name)
+        if sums is None or sums.seconds != seconds or sums.summarize != summarize:
+            sums = self._recent[name] = RecentSums(seconds, summarize)
+        if not windows:
+            sums.clear()
+            return {}, 0
+        since = windows[-1].t - seconds
+        if windows[0].n <= self._unordered_n:
+            # A window out of time order is still kept: which windows are recent is not a suffix.
+            sums.clear()
+            totals: dict[K, int] = {}
+            passes = 0
+            for w in windows:
+                if w.t > since:
+                    passes += w.samples
+                    _add_sums(totals, summarize(w), 1)
+            return totals, passes
+        sums.update(windows, since)
+        return cast("dict[K, int]", sums.totals), sums.samples
+
+    def forget_recent(self, name: str) -> None:
+        """Make :meth:`recent` summarize the windows of ``name`` afresh."""
+        sums = self._recent.get(name)
+        if sums is not None:
+            sums.clear()
 
     def _feed_analyzers(self, report: dict[str, Any], t: float, kinds: dict[int, dict[str, int]]) -> None:
         data = report.get("data") if isinstance(report.get("data"), dict) else {}
@@ -340,7 +570,7 @@ class Session:
         return {k: calls / secs for k, (calls, secs) in self.calls.items() if secs > 0}
 
     def spent_now(self, seconds: float = 10.0) -> dict[str, float]:
-        """Fraction of wall time spent per category over the last ``seconds`` of reports."""
+        """The overhead by category over the last ``seconds`` of reports (agent.budget.slowdown_by)."""
         if not self.recent_costs:
             return {}
         since = self.recent_costs[-1][0] - seconds
@@ -352,7 +582,7 @@ class Session:
             wall += window_s
             for k, v in costs.items():
                 spent[k] = spent.get(k, 0.0) + v
-        return {k: v / wall for k, v in spent.items()} if wall > 0 else {}
+        return slowdown_by(spent, wall) if wall > 0 else {}
 
     # --- persistence (monitor.history) ----------------------------------------------
 
@@ -424,6 +654,57 @@ class Session:
         s.counts = counts
         return s
 
+    # --- the whole run ------------------------------------------------------------------
+
+    @property
+    def counts(self) -> dict[StackKey, list[int]]:
+        """Whole run: stack -> [wall samples, cpu samples], in the order stacks were first counted.
+
+        Made from the session's arrays when asked (and kept until the next
+        report): read it, do not change it.
+        """
+        view = self._counts_view
+        if view is None:
+            keys, wall, cpu = self.stack_keys, self._wall, self._cpu
+            view = self._counts_view = {keys[i]: [wall[i], cpu[i]] for i in self._count_order}
+        return view
+
+    @counts.setter
+    def counts(self, counts: dict[StackKey, list[int]]) -> None:
+        """Whole-run counts from elsewhere (history, for a restored session): they replace the session's."""
+        self._grow()
+        for i in self._count_order:
+            self._wall[i] = self._cpu[i] = self._counted[i] = 0
+        self._count_order.clear()
+        for (tid, frames), (wall, cpu) in counts.items():
+            i = self._index(tid, tuple(frames))
+            self._grow()
+            self._wall[i] += wall
+            self._cpu[i] += cpu
+            if not self._counted[i]:
+                self._counted[i] = 1
+                self._count_order.append(i)
+        self._counts_view = None
+
+    def _index(self, tid: int, frames: tuple[FrameId, ...]) -> int:
+        """The stack index of (thread, frames), numbered if new."""
+        number = self.frames.intern_stack(frames)
+        tid = self._tids.setdefault(tid, tid)
+        i = self._stack_index.get((tid, number))
+        if i is None:
+            i = self._stack_index[(tid, number)] = len(self.stack_keys)
+            self.stack_keys.append((tid, self.frames.stacks[number]))
+        return i
+
+    def _grow(self) -> None:
+        """Room in the whole-run arrays for every stack index."""
+        more = len(self.stack_keys) - len(self._counted)
+        if more > 0:
+            zeros = bytes(8 * more)
+            self._wall.frombytes(zeros)
+            self._cpu.frombytes(zeros)
+            self._counted.extend(bytes(more))
+
     # --- windows ------------------------------------------------------------------------
 
     @property
@@ -434,12 +715,13 @@ class Session:
     def slice(self, start: float | None, end: float | None) -> Slice:
         """The in-memory reports ending in ``(start, end]`` (see :attr:`oldest_in_memory`)."""
         out = Slice()
+        chosen = []
         for w in self.windows:
             if (start is not None and w.t <= start) or (end is not None and w.t > end):
                 continue
             out.add_report(w.t, w.window_s, w.samples)
-            for key, (wall, cpu) in w.counts.items():
-                _add(out.counts, key, wall, cpu)
+            chosen.append(w)
+        out.counts = _merge_windows(chosen, self.stack_keys)
         return out
 
     def window_counts(self, seconds: float | None) -> tuple[dict[StackKey, list[int]], int]:
@@ -449,15 +731,86 @@ class Session:
         if not self.windows:
             return {}, 0
         since = self.windows[-1].t - seconds
-        merged: dict[StackKey, list[int]] = {}
-        samples = 0
-        for w in self.windows:
-            if w.t <= since:
-                continue
-            samples += w.samples
-            for key, (wall, cpu) in w.counts.items():
-                _add(merged, key, wall, cpu)
-        return merged, samples
+        chosen = [w for w in self.windows if w.t > since]
+        return _merge_windows(chosen, self.stack_keys), sum(w.samples for w in chosen)
+
+
+class RecentSums:
+    """Running sums of per-window summaries over the last ``seconds`` of a session's windows (time-ordered)."""
+
+    def __init__(self, seconds: float, summarize: Callable[[Window], dict[Any, int]]) -> None:
+        self.seconds = seconds
+        self.summarize = summarize
+        #: the windows summed, oldest first, with their summaries
+        self.parts: deque[tuple[Window, dict[Hashable, int]]] = deque()
+        self.totals: dict[Hashable, int] = {}
+        self.samples = 0
+        #: the number of the newest window looked at
+        self.newest_n = 0
+
+    def clear(self) -> None:
+        self.parts.clear()
+        self.totals = {}
+        self.samples = 0
+        self.newest_n = 0
+
+    def update(self, windows: deque[Window], since: float) -> None:
+        """Sum the windows ending after ``since``: add the new ones, take out those now older."""
+        new: list[Window] = []
+        for w in reversed(windows):
+            if w.n <= self.newest_n or w.t <= since:
+                break
+            new.append(w)
+        for w in reversed(new):
+            part = self.summarize(w)
+            self.parts.append((w, part))
+            _add_sums(self.totals, part, 1)
+            self.samples += w.samples
+        self.newest_n = windows[-1].n
+        oldest = windows[0].n
+        parts = self.parts
+        while parts and (parts[0][0].t <= since or parts[0][0].n < oldest):
+            w, part = parts.popleft()
+            _add_sums(self.totals, part, -1)
+            self.samples -= w.samples
+
+
+def _add_sums(totals: dict[K, int], part: dict[K, int], sign: int) -> None:
+    for k, v in part.items():
+        n = totals.get(k, 0) + sign * v
+        if n:
+            totals[k] = n
+        else:
+            del totals[k]
+
+
+def _merge_windows(windows: list[Window], table: list[StackKey]) -> dict[StackKey, list[int]]:
+    """The counts of windows of one session (stack ``table``) summed, in new lists, stacks in the order they came."""
+    merged: dict[int, list[int]] = {}
+    for w in windows:
+        for i, wall, cpu in w.items():
+            slot = merged.get(i)
+            if slot is None:
+                merged[i] = [wall, cpu]
+            else:
+                slot[0] += wall
+                slot[1] += cpu
+    return {table[i]: slot for i, slot in merged.items()}
+
+
+def stacks_as_bytes(rows: list[list[Any]]) -> list[list[Any]]:
+    """A report's stacks with their ids as msgpack bytes, as ``protocol.decode(raw_stacks=True)`` gives them.
+
+    Reports made in this process (tests, tools) have them as lists.
+    """
+    if rows and type(rows[0][2]) is not bytes:
+        return [[tid, n, msgpack.packb(ids)] for tid, n, ids in rows]
+    return rows
+
+
+@functools.lru_cache(maxsize=64)  # flags are a few bit combinations; bounded against odd agents
+def _kind_code(flags: int) -> int:
+    return _KIND_CODES[leaf_kind(flags)]
 
 
 def leaf_kind(flags: int) -> str:
@@ -515,6 +868,19 @@ def _add(counts: dict[StackKey, list[int]], key: StackKey, wall: int, cpu: int) 
     else:
         slot[0] += wall
         slot[1] += cpu
+
+
+#: unsigned array type codes by size, smallest first
+_UNSIGNED = sorted((array(code).itemsize, code) for code in "BHILQ")
+
+
+def _compact(values: Collection[int]) -> array[int]:
+    """``values`` (non-negative) in the smallest unsigned array that holds the largest."""
+    top = max(values, default=0)
+    for size, code in _UNSIGNED:
+        if top < 1 << (8 * size):
+            return array(code, values)
+    raise OverflowError(f"{top} does not fit in 64 bits")
 
 
 def merge_counts(into: dict[StackKey, list[int]], other: dict[StackKey, list[int]]) -> None:

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from agent.budget import slowdown_by
 from monitor.profile import DEFAULT_FLOOR_PCT, Profile
 from monitor.session import Session
+
+if TYPE_CHECKING:
+    from monitor.services import Service
 
 #: Samples per second are measured over the last this many seconds.
 RATE_WINDOW_S = 10.0
@@ -35,11 +39,25 @@ def session_info(session: Session) -> dict[str, Any]:
         "reports": session.reports,
         "budget": session.budget(),
         "overhead": session.overhead(),
+        # the raw ledger (seconds by line, and the seconds they were spent in), for tools that difference it
+        "spent_s": dict(session.costs),
+        "duration_s": session.duration_s(),
         "first_report": session.first_report_t,
         "last_report": session.last_report_t,
         "errors": list(session.errors)[-5:],
         "spending": spending(session),
+        # what agents counted but could not keep or send (monitor away or slow), as they last reported
+        "dropped": dropped(session),
     }
+
+
+def dropped(session: Session) -> dict[str, int]:
+    """Samples, reports and messages the session's agents dropped, summed over its agents."""
+    total: dict[str, int] = {}
+    for a in session.agents.values():
+        for k, v in a.dropped.items():
+            total[k] = total.get(k, 0) + v
+    return total
 
 
 def spending(session: Session) -> dict[str, Any]:
@@ -50,7 +68,7 @@ def spending(session: Session) -> dict[str, Any]:
     delays = agent.delays if agent is not None else {}
     return {
         "budget": session.budget(),
-        "whole_run": {k: v / elapsed for k, v in session.costs.items()} if elapsed > 0 else {},
+        "whole_run": slowdown_by(session.costs, elapsed) if elapsed > 0 else {},
         "now": session.spent_now(RATE_WINDOW_S),
         "history": [[t, b, o] for t, b, o in list(session.overhead_history)[-120:]],
         "scheduler": agent.mode if agent is not None else "",
@@ -102,6 +120,40 @@ def top_view(
     }
 
 
+def service_top_view(
+    service: Service, window_s: float | None = None, *, limit: int = 15, charge_libraries: bool = False
+) -> dict[str, Any]:
+    """The live view of a whole service: its members' counts merged, one line per process."""
+    from monitor.services import service_profile
+    from monitor.windows import WindowSpec
+
+    profile = service_profile(service, WindowSpec.last(window_s) if window_s else None)
+    view = top_view(service.root, window_s, limit=limit, charge_libraries=charge_libraries, profile=profile)
+    info = view["session"]
+    info.update(
+        samples=sum(m.samples for m in service.members),
+        overhead=profile.process["overhead"],
+        connected=any(m.connected for m in service.members),
+        errors=[e for m in service.members for e in list(m.errors)[-2:]][-5:],
+    )
+    view["samples_per_s"] = sum(samples_per_s(m) for m in service.members)
+    view["service"] = {
+        **service.info(),
+        "members": [
+            {
+                "pid": m.pid,
+                "argv": list(m.hello.get("argv", [])),
+                "connected": m.connected,
+                "samples": m.samples,
+                "samples_per_s": samples_per_s(m),
+                "overhead": m.overhead(),
+            }
+            for m in service.members
+        ],
+    }
+    return view
+
+
 def _short(path: str) -> str:
     """A path short enough for a table: relative when below the cwd, else its last parts."""
     try:
@@ -121,8 +173,13 @@ def render_top(view: dict[str, Any], title: str | None = None) -> Group:
         state = "[dim]finished[/]"
     else:
         state = "[green]attached[/]" if info["connected"] else "[red]not connected[/]"
+    service = view.get("service")
+    who = f"service [bold]{service['name']}[/]," if service and service["processes"] > 1 else "pid"
+    if service and service["processes"] > 1:
+        live = "" if info.get("ended") else f"{service['connected']}/"
+        state += f" {live}{service['processes']} processes"
     header = Text.from_markup(
-        f"[bold]dyper[/] pid {info['pid']} {state}  [dim]{argv[:80]}[/]\n"
+        f"[bold]dyper[/] {who} pid {info['pid']} {state}  [dim]{argv[:80]}[/]\n"
         f"samples {info['samples']:,}  ({view['samples_per_s']:.0f}/s)   "
         f"overhead [bold]{100 * info['overhead']:.2f}%[/] of budget {100 * info['budget']:.2f}%   "
         f"cpu samples {view['cpu_samples']:,} / wall {view['wall_samples']:,}"
@@ -164,6 +221,15 @@ def render_top(view: dict[str, Any], title: str | None = None) -> Group:
             f"{_short(row['file'])}:{row['line']}",
         )
     parts: list[Any] = [header, table]
+    if service and service["processes"] > 1:
+        rows = "   ".join(
+            f"{m['pid']}{'' if m['connected'] or info.get('ended') else ' (gone)'} "
+            + (f"{m['samples_per_s']:.0f}/s" if "samples_per_s" in m else f"{m['samples']:,} samples")
+            + f" {100 * m['overhead']:.2f}%"
+            for m in service["members"][:12]
+        )
+        more = f"  and {service['processes'] - 12} more" if service["processes"] > 12 else ""
+        parts.insert(1, Text(f"processes: {rows}{more}", style="dim"))
     dropped = {k: v for k, v in view.get("dropped", {}).items() if v}
     if dropped:
         parts.append(Text(f"dropped while the monitor was away: {dropped}", style="yellow"))

@@ -63,14 +63,33 @@ class Status:
         return {"problem": round(self.problem, 3), "confidence": round(self.confidence, 3)}
 
 
-def best_of(runs: int, fn: Callable[[], object]) -> float:
-    """The least wall time of ``runs`` calls of ``fn``: calibrations compare hooked and plain runs this way."""
-    best = float("inf")
+def paired_best(
+    runs: int, fn: Callable[[], object], hook: Callable[[], object], unhook: Callable[[], object]
+) -> tuple[float, float]:
+    """The least wall time of ``fn`` plain and hooked, the two interleaved run by run.
+
+    Timed in two batches (every plain run, then every hooked one), a change of
+    the machine's speed between the batches went into the difference: on this
+    VM one calibration in a dozen came out at a third or three times the cost
+    that bursts on real code then lost. Each timed run follows an untimed one
+    in the same state, so re-instrumenting or re-specialising the code after a
+    switch is not in it. ``fn`` runs twice per state and run: hooked, 2 * ``runs`` times.
+    """
+    plain = hooked = float("inf")
     for _ in range(runs):
+        fn()
         t0 = time.perf_counter()
         fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+        plain = min(plain, time.perf_counter() - t0)
+        hook()
+        try:
+            fn()
+            t0 = time.perf_counter()
+            fn()
+            hooked = min(hooked, time.perf_counter() - t0)
+        finally:
+            unhook()
+    return plain, hooked
 
 
 def confidence_of(samples: float, half: float = 200.0) -> float:

@@ -20,19 +20,22 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import statistics
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from types import CodeType
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from agent.budget import ProfletCosts
 from agent.proflet import Collector, DetailContext
-from proflets.base import Analyzer, Status, best_of, confidence_of
+from proflets.base import Analyzer, Status, confidence_of, paired_best
 
 if TYPE_CHECKING:
     from monitor.profile import Metric, Profile
-    from monitor.session import Frame, Session
+    from monitor.session import Frame, Session, Window
 
 #: Show only what takes at least this share of the samples.
 FLOOR_PCT = 0.5
@@ -108,17 +111,18 @@ def priority(session: Session, window_s: float = 10.0) -> float:
     CANDIDATE_PCT of the cpu samples. A process with nothing hot gets a low
     priority, not zero, so its first candidates still get counted.
     """
-    counts, passes = session.window_counts(window_s)
+    # Asked after every report: the last seconds' cpu samples by leaf frame are kept as
+    # running sums, so a report's stacks are looked at once, not once per report in the window.
+    by_leaf, passes = session.recent("cpu", window_s, cpu_by_leaf)
     if passes <= 0:
         return 0.1
     frames = session.frames.frames
     cpu_total = 0
     by_function: dict[tuple[str, str, int], int] = {}
-    for (_, stack), (_, cpu) in counts.items():
-        if cpu and stack:
-            cpu_total += cpu
-            f = frames[stack[-1]].function
-            by_function[f] = by_function.get(f, 0) + cpu
+    for fid, cpu in by_leaf.items():
+        cpu_total += cpu
+        f = frames[fid].function
+        by_function[f] = by_function.get(f, 0) + cpu
     if cpu_total == 0:
         return 0.1
     candidates = sum(1 for n in by_function.values() if 100.0 * n / cpu_total >= CANDIDATE_PCT)
@@ -126,11 +130,74 @@ def priority(session: Session, window_s: float = 10.0) -> float:
     return max(0.1, busy * (0.5 + 0.5 * min(1.0, candidates / 4)))
 
 
+def cpu_by_leaf(window: Window) -> dict[int, int]:
+    """A window's cpu samples by the frame id of the stack's leaf."""
+    table = window.table
+    out: dict[int, int] = {}
+    for i, _, cpu in window.items():
+        if cpu:
+            stack = table[i][1]
+            if stack:
+                leaf = stack[-1]
+                out[leaf] = out.get(leaf, 0) + cpu
+    return out
+
+
 # --- agent half: detailing ---------------------------------------------------------
 
 
 #: Factor on the calibrated cost of one event (see CpuCollector._calibrate_monitoring).
 EVENT_COST_MARGIN = 1.25
+
+#: Declared costs of a burst that counts calls only (see CpuCollector.kind_costs):
+#: SLOW a cautious guess its first burst replaces, and the burst's length.
+CALLS_SLOW = 0.25
+CALLS_ITVL_MS = 2000.0
+
+#: Line bursts whose measured loss the charge follows: the median of the last ones
+LOSS_RATIOS_KEPT = 9
+#: ... once this many were measured
+LOSS_RATIOS_NEEDED = 3
+#: A line burst is measured only where its call bursts predict this many candidate
+#: calls in it: fewer, and one call more or less moves the figure too far.
+LOSS_MIN_CALLS = 20
+#: The most the measured loss may raise a line burst's charge (a burst that
+#: lost more than four times its charge was disturbed by something else).
+LOSS_FACTOR_MAX = 4.0
+
+
+#: a call burst's calls per candidate, and the seconds it ran unslowed
+_CallBurst = tuple[dict[CodeType, int], float]
+
+
+def loss_ratio(
+    before: tuple[Mapping[CodeType, int], float],
+    line: tuple[Mapping[CodeType, int], float, float],
+    after: tuple[Mapping[CodeType, int], float],
+) -> float | None:
+    """What a line burst lost, over what it was charged, from the candidates' call rates.
+
+    ``before`` and ``after`` are the call bursts beside it: calls per
+    candidate and the seconds they ran unslowed (length less their charge);
+    ``line`` is the line burst's calls, length and charge. A slowed candidate
+    is called less often, and so is everything else in a process whose work
+    goes round a loop: the line burst lost the time its missing calls would
+    have taken at the mean rate of the bursts beside it (a linear drift of
+    the rate cancels). None when the calls are too few to tell, when there is
+    no charge to compare with, or where the rate is set from outside (a
+    service waiting for requests loses nothing this way, and the ratio is
+    near zero: the calibrated charge stands).
+    """
+    line_calls, length, charged = line
+    common = [c for c in line_calls if c in before[0] and c in after[0]]
+    if not common or charged <= 0 or length <= 0 or before[1] <= 0 or after[1] <= 0:
+        return None
+    rate = 0.5 * (sum(before[0][c] for c in common) / before[1] + sum(after[0][c] for c in common) / after[1])
+    expected = rate * length
+    if expected < LOSS_MIN_CALLS:
+        return None
+    lost = length * (1.0 - sum(line_calls[c] for c in common) / expected)
+    return lost / charged
 
 
 def _calibration_target(n: int) -> int:
@@ -251,6 +318,14 @@ class CpuCollector(Collector):
         #: only, and the rates come from those (see Session._add_burst)
         self._bursts = 0
         self._with_lines = False
+        #: the charge of a line burst follows what line bursts measurably
+        #: lost here (loss_ratio): the calibration loop is one small function
+        #: on one thread, and hot code elsewhere (four threads of it, cpu-4)
+        #: lost up to 1.5 times its charge
+        self._loss_ratios: deque[float] = deque(maxlen=LOSS_RATIOS_KEPT)
+        self._last_calls: _CallBurst | None = None
+        #: a line burst waiting for the call burst after it: (the one before, the line burst)
+        self._pending_line: tuple[_CallBurst, tuple[dict[CodeType, int], float, float]] | None = None
 
     def unavailable(self) -> str | None:
         if not self._monitoring and not self.explicit:
@@ -331,18 +406,20 @@ class CpuCollector(Collector):
         mon = sys.monitoring  # type: ignore[attr-defined,unused-ignore]
         target = _native_calibration_target if native else _calibration_target
         code = target.__code__
-        n, runs = 2000, 5
-        plain = best_of(runs, lambda: target(n))
+        n, runs = 2000, 7
         assert self._tool is not None
+        tool = self._tool
         counter = call_counter([code], native=native)
         self._register(counter, native)
         events = mon.events.PY_START | mon.events.LINE | (self._native_events() if native else 0)
-        mon.set_local_events(self._tool, code, events)
-        try:
-            hooked = best_of(runs, lambda: target(n))
-        finally:
-            mon.set_local_events(self._tool, code, 0)
-        plain_events, clocked = (float(n) / runs for n in counter.events())
+        plain, hooked = paired_best(
+            runs,
+            lambda: target(n),
+            lambda: mon.set_local_events(tool, code, events),
+            lambda: mon.set_local_events(tool, code, 0),
+        )
+        # Every hooked call was counted: two per run (paired_best's untimed one and the timed one).
+        plain_events, clocked = (float(k) / (2 * runs) for k in counter.events())
         lost = max(0.0, hooked - plain)
         # The loop is the cheapest code to hook (warm caches, one small frame);
         # real hot code paid about a fifth more per event here, so charge that.
@@ -363,12 +440,11 @@ class CpuCollector(Collector):
             for _ in range(500):
                 leaf()
 
-        plain = best_of(3, calls)
-        yappi.start(builtins=False, profile_threads=False)
         try:
-            hooked = best_of(3, calls)
+            plain, hooked = paired_best(
+                3, calls, lambda: yappi.start(builtins=False, profile_threads=False), yappi.stop
+            )
         finally:
-            yappi.stop()
             yappi.clear_stats()
         return max(0.0, hooked - plain) / 500
 
@@ -378,6 +454,17 @@ class CpuCollector(Collector):
         # Line bursts lose most of their length in a hot loop, call bursts
         # next to nothing: each kind is sized by its own cost.
         return ("calls", "lines") if self._monitoring else ("calls",)
+
+    def kind_costs(self, kind: str) -> ProfletCosts:
+        if self._monitoring and kind == "calls":
+            # PY_START on a handful of code objects: at most a fifth slower on
+            # call-heavy code (bench/detailing.py), next to nothing elsewhere.
+            # The call rates come from these bursts, and a thread's calls come
+            # in clumps as it takes turns with others for the GIL (over a
+            # quarter of a second, a paced thread's rate ran from a tenth to
+            # twice its mean): long bursts average the clumps out.
+            return ProfletCosts(self.name, self.OVHD_MS, CALLS_SLOW, CALLS_ITVL_MS, self.PRTY)
+        return self.costs()
 
     def burst_kind(self) -> str:
         return "lines" if self._monitoring and self._bursts % 2 == 1 else "calls"
@@ -413,12 +500,41 @@ class CpuCollector(Collector):
             yappi.start(builtins=False, profile_threads=True)
         self._started = time.perf_counter()
 
-    def _charged(self, counter: Any) -> float:
-        """The slowdown of a sys.monitoring burst so far: its events, each class at its cost."""
+    def _calibrated(self, counter: Any) -> float:
+        """The slowdown of a sys.monitoring burst so far by the calibration: its events, each class at its cost."""
         if counter is None:
             return 0.0
         plain, clocked = counter.events()
         return int(plain) * (self._event_cost_s or 0.0) + int(clocked) * (self._native_cost_s or 0.0)
+
+    @property
+    def loss_factor(self) -> float:
+        """What line bursts are charged over their calibrated cost: the median measured loss, at least 1."""
+        if len(self._loss_ratios) < LOSS_RATIOS_NEEDED:
+            return 1.0
+        return min(LOSS_FACTOR_MAX, max(1.0, statistics.median(self._loss_ratios)))
+
+    def _charged(self, counter: Any) -> float:
+        charge = self._calibrated(counter)
+        return charge * self.loss_factor if self._with_lines else charge
+
+    def _measure_loss(self, calls: dict[CodeType, int], length: float, calibrated: float) -> None:
+        """Keep the loss ratio of a line burst once the call bursts on both sides of it are in."""
+        if self._with_lines:
+            before = self._last_calls
+            self._pending_line = (before, (calls, length, calibrated)) if before is not None else None
+            return
+        # A call burst's own slowdown is small (a call event each); its charge
+        # is taken off at most down to half its length, so an overcharging
+        # calibration cannot make the rate beside a line burst absurd.
+        here = (calls, max(length - calibrated, 0.5 * length))
+        if self._pending_line is not None:
+            before, line = self._pending_line
+            ratio = loss_ratio(before, line, here)
+            if ratio is not None:
+                self._loss_ratios.append(min(LOSS_FACTOR_MAX, max(0.0, ratio)))
+        self._pending_line = None
+        self._last_calls = here
 
     def slowdown_s(self) -> float:
         if not self._monitoring:
@@ -435,6 +551,7 @@ class CpuCollector(Collector):
             counted, lines = counter.counts() if counter is not None else ({}, {})
             calls = {c: counted.get(c, 0) for c in self._codes}
             slowdown = self._charged(counter)
+            self._measure_loss(calls, length, self._calibrated(counter))
         else:
             calls, lines, events = self._stop_yappi()
             slowdown = events * (self._event_cost_s or 0.0)
@@ -445,6 +562,8 @@ class CpuCollector(Collector):
             "lines": [[c.co_filename, c.co_qualname, c.co_firstlineno, line, n] for (c, line), n in lines.items()],
             "lines_counted": self._with_lines,
         }
+        if self._monitoring and self._with_lines:
+            result["loss_factor"] = self.loss_factor
         if self._native and self._counter is not None:
             own, callees = self._counter.native()
             result["native"] = {
@@ -567,10 +686,14 @@ class CpuAnalyzer(Analyzer):
         profile = self._profile(start, end)
         duration = float(profile.process.get("duration_s") or 0.0)
         rates = self.session.calls_per_s()
+        counted = self.session.calls
         functions = function_table(profile, floor_pct=FLOOR_PCT)
         for row in functions:
-            rate = rates.get((row["file"], row["name"], row["line"]))
+            key = (row["file"], row["name"], row["line"])
+            rate = rates.get(key)
             row["calls_per_s"] = rate
+            # What the rate rests on: seconds of call bursts that counted this function.
+            row["counted_s"] = counted[key][1] if key in counted else None
             row["calls"] = round(rate * duration) if rate is not None else None
             # seconds of CPU: the share of the samples times the time they cover
             row["self_s"] = row["self_pct"] / 100.0 * duration

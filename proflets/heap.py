@@ -59,6 +59,7 @@ from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Any, ClassVar
 
+from agent import procfs
 from agent.budget import ProfletCosts
 from agent.proflet import Collector, DetailContext, ReportContext
 from proflets.base import Analyzer, ReportView, Status, confidence_of
@@ -249,8 +250,7 @@ def top_types(by_name: Mapping[str, Sequence[int]]) -> list[list[Any]]:
 
 def _rss_bytes() -> int | None:
     try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        return int(procfs.read("/proc/self/statm").split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
 
@@ -578,7 +578,8 @@ class HeapAnalyzer(Analyzer):
             state = agent.proflets.get(self.name) or {}
             planned = state.get("ovhd_ms")
             if isinstance(planned, int | float) and agent.budget > 0:
-                bucket_ms = 1000.0 * agent.budget * Guard(agent.budget, 0.0).capacity_s
+                guard = Guard(agent.budget, 0.0)
+                bucket_ms = 1000.0 * guard.rate * guard.capacity_s
                 if planned > bucket_ms:
                     return (
                         f"no census yet: one is expected to take {planned:.0f} ms, more than a "

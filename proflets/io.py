@@ -45,11 +45,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import CodeType
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from agent import procfs
 from agent.proflet import Collector, DetailContext, ReportContext
 from agent.protocol import LOC_AGENT, LOC_BLOCKING, LOC_IO
-from proflets.base import Analyzer, ReportView, Status, best_of, confidence_of
+from proflets.base import Analyzer, ReportView, Status, confidence_of, paired_best
+
+if TYPE_CHECKING:
+    from monitor.session import Window
 
 # --- the resource file -------------------------------------------------------------------
 
@@ -263,11 +267,7 @@ _IO_KEYS = tuple(k.encode() for k in IO_FIELDS)
 def read_io(path: str) -> list[int] | None:
     """The counters of one /proc io file, in IO_FIELDS order (None if it cannot be read)."""
     try:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            data = os.read(fd, 1024)
-        finally:
-            os.close(fd)
+        data = procfs.read(path, 1024)
         values = {}
         for line in data.splitlines():
             key, _, value = line.partition(b":")
@@ -279,11 +279,7 @@ def read_io(path: str) -> list[int] | None:
 
 def _comm(tid: int) -> str:
     try:
-        fd = os.open(f"/proc/self/task/{tid}/comm", os.O_RDONLY)
-        try:
-            return os.read(fd, 64).decode(errors="replace").strip()
-        finally:
-            os.close(fd)
+        return procfs.read(f"/proc/self/task/{tid}/comm", 64).decode(errors="replace").strip()
     except OSError:
         return ""
 
@@ -614,13 +610,16 @@ class IoCollector(Collector):
         offsets, _ = _instructions(code)
         offset = next(o for o in offsets if callee_name(code, o) == "abs")
         n = 300
-        plain = best_of(3, lambda: _calibration_target(n))
+        tool = self._tool
         self._register(SiteCounter([Site(code, offset, "abs", "abs", None)]))
-        mon.set_local_events(self._tool, code, mon.events.CALL)
         try:
-            hooked = best_of(3, lambda: _calibration_target(n))
+            plain, hooked = paired_best(
+                3,
+                lambda: _calibration_target(n),
+                lambda: mon.set_local_events(tool, code, mon.events.CALL),
+                lambda: mon.set_local_events(tool, code, 0),
+            )
         finally:
-            mon.set_local_events(self._tool, code, 0)
             self._register(None)
         return CALL_COST_MARGIN * max(0.0, hooked - plain) / n
 
@@ -641,12 +640,11 @@ class IoCollector(Collector):
         import yappi
 
         n = 300
-        plain = best_of(3, lambda: _calibration_target(n))
-        yappi.start(builtins=True, profile_threads=False)
         try:
-            hooked = best_of(3, lambda: _calibration_target(n))
+            plain, hooked = paired_best(
+                3, lambda: _calibration_target(n), lambda: yappi.start(builtins=True, profile_threads=False), yappi.stop
+            )
         finally:
-            yappi.stop()
             yappi.clear_stats()
         return CALL_COST_MARGIN * max(0.0, hooked - plain) / n
 
@@ -855,6 +853,8 @@ class IoAnalyzer(Analyzer):
             if self.calls.get(key) != value:
                 self.calls[key] = value
                 self._stacks.clear()
+                if self.session is not None:
+                    self.session.forget_recent("io")
         io, since = data.get("io"), data.get("since")
         if isinstance(io, list) and isinstance(since, list) and len(io) == len(IO_FIELDS) and len(since) == 2:
             key2 = (float(since[0]), int(since[1]))
@@ -1088,10 +1088,39 @@ class IoAnalyzer(Analyzer):
 
     def _share(self, window_s: float | None) -> tuple[float, int, int]:
         """(I/O share of the threads' samples, routines seen, samples) over the last ``window_s`` seconds."""
+        if window_s is not None:
+            # Asked after every report: running sums of the windows' rows, not a merge of their stacks.
+            sums, _ = self.session.recent("io", window_s, self._window_rows)
+            grand = sums.get(None, 0)
+            io = sum(sums.values()) - grand
+            return (io / grand if grand else 0.0), len(sums) - (None in sums), grand
         counts, _ = self.session.window_counts(window_s)
         rows, _, grand = self._rows(counts)
         io = sum(r.samples for r in rows.values())
         return (io / grand if grand else 0.0), len(rows), grand
+
+    def _window_rows(self, window: Window) -> dict[tuple[str, tuple[str, str, int]] | None, int]:
+        """One window's I/O samples by (routine, caller function), as :meth:`_rows` counts them; None: all samples."""
+        frames = self.session.frames.frames
+        table = window.table
+        out: dict[tuple[str, tuple[str, str, int]] | None, int] = {}
+        grand = 0
+        for i, wall, cpu in window.items():
+            stack = table[i][1]
+            if not stack or wall <= 0:
+                continue
+            grand += wall
+            hit, blocking = self.hit(stack)
+            if hit is None:
+                continue
+            n = wall - cpu if hit.c_call and blocking else wall
+            if n <= 0:
+                continue
+            key = (hit.routine, frames[stack[hit.caller]].function)
+            out[key] = out.get(key, 0) + n
+        if grand:
+            out[None] = grand
+        return out
 
     def status(self) -> Status:
         share, _, samples = self._share(None)

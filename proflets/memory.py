@@ -39,8 +39,9 @@ from dataclasses import dataclass
 from types import CodeType, FunctionType, ModuleType
 from typing import Any, ClassVar
 
+from agent import procfs
 from agent.proflet import Collector, DetailContext, ReportContext
-from proflets.base import Analyzer, ReportView, Status, best_of, confidence_of
+from proflets.base import Analyzer, ReportView, Status, confidence_of, paired_best
 
 #: dyper's own code (agent, proflets, monitor), whose allocations and
 #: collections are not the application's sites.
@@ -71,8 +72,7 @@ OTHER = "(other sites)"
 def rss_bytes() -> int:
     """The resident set size now (Linux), or the peak where /proc is missing."""
     try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        return int(procfs.read("/proc/self/statm").split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         import resource
 
@@ -145,13 +145,12 @@ def calibrate_callback() -> float:
     scratch: dict[Any, list[float]] = {}
     callback, _ = gc_callback(scratch, ())
     n = 200
-    plain = best_of(3, lambda: _young_collections(n))
-    gc.callbacks.append(callback)
-    try:
-        hooked = best_of(3, lambda: _young_collections(n))
-    finally:
+
+    def unhook() -> None:
         with contextlib.suppress(ValueError):
             gc.callbacks.remove(callback)
+
+    plain, hooked = paired_best(3, lambda: _young_collections(n), lambda: gc.callbacks.append(callback), unhook)
     return CALLBACK_COST_MARGIN * max(0.0, hooked - plain) / n
 
 
@@ -370,13 +369,9 @@ class AllocationSites(Collector):
         import tracemalloc
 
         # Each traced allocation costs 0.3 us (one frame) to 5 us (eight): a short loop is enough.
-        n = 2000
-        plain = best_of(3, lambda: _churn(n))
-        tracemalloc.start(self.NFRAME)
-        try:
-            hooked = best_of(3, lambda: _churn(n))
-        finally:
-            tracemalloc.stop()
+        # (paired_best runs it twice per state and run.)
+        n = 1000
+        plain, hooked = paired_best(3, lambda: _churn(n), lambda: tracemalloc.start(self.NFRAME), tracemalloc.stop)
         return max(1.0, hooked / plain) if plain > 0 else 1.0
 
     def start_detail(self, ctx: DetailContext) -> None:

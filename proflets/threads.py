@@ -27,10 +27,12 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from array import array
 from collections.abc import Mapping
 from types import FrameType
 from typing import Any, ClassVar
 
+from agent import procfs
 from agent.proflet import Collector, DetailContext, ReportContext
 from agent.protocol import LOC_LOCK
 from proflets.base import KINDS, Analyzer, ReportView, Status, confidence_of
@@ -144,15 +146,14 @@ def _schedstat(native_id: int) -> tuple[int, int, int, int] | None:
     """(ns on CPU, ns runnable waiting for a CPU, voluntary switches, involuntary switches)."""
     base = f"/proc/self/task/{native_id}/"
     try:
-        with open(base + "schedstat", "rb") as f:
-            run_ns, wait_ns, _ = (int(x) for x in f.read().split())
+        run_ns, wait_ns, _ = (int(x) for x in procfs.read(base + "schedstat").split())
         vol = invol = 0
-        with open(base + "status", "rb") as f:
-            for line in f:
-                if line.startswith(b"voluntary_ctxt_switches"):
-                    vol = int(line.split()[1])
-                elif line.startswith(b"nonvoluntary_ctxt_switches"):
-                    invol = int(line.split()[1])
+        # status is about 1.5 KB; the switch counts are its last lines
+        for line in procfs.read(base + "status", 8192).splitlines():
+            if line.startswith(b"voluntary_ctxt_switches"):
+                vol = int(line.split()[1])
+            elif line.startswith(b"nonvoluntary_ctxt_switches"):
+                invol = int(line.split()[1])
         return run_ns, wait_ns, vol, invol
     except (OSError, ValueError):
         return None
@@ -272,6 +273,16 @@ class ThreadsCollector(Collector):
 #: per-thread row: samples by kind, then CPU seconds in the window and the window's length
 _RUN, _CPU, _SECONDS = 0, len(KINDS), len(KINDS) + 1
 
+#: a report's rows as kept: thread idents, their samples by kind (flat), their CPU seconds
+#: (None: all 0), the window's length and sampling passes, and who blocked whom (None: nobody)
+_Row = tuple[tuple[int, ...], "array[Any]", "array[float] | None", float, int, "dict[int, int] | None"]
+
+
+def _seconds(row: list[float], window_s: float, samples: int) -> float:
+    """How long a thread was seen in a window: its share of the sampling passes, of the window."""
+    seen = sum(row[: len(KINDS)])
+    return window_s * min(1.0, seen / samples) if samples else 0.0
+
 
 class ThreadsAnalyzer(Analyzer):
     name = "threads"
@@ -291,6 +302,8 @@ class ThreadsAnalyzer(Analyzer):
         #: the collector has sent thread CPU clocks: without them (the proflet
         #: is off in the agent) running cannot be told from waiting for the GIL
         self.clocks = False
+        #: the thread idents of the last report (the next one's rows share them when they are the same)
+        self._idents: tuple[int, ...] = ()
 
     def merge(self, report: ReportView) -> None:
         self.names.update(report.threads)
@@ -308,13 +321,12 @@ class ThreadsAnalyzer(Analyzer):
         rows: dict[int, list[float]] = {}
         for ident, kinds in report.kinds.items():
             row = [float(kinds.get(k, 0)) for k in KINDS] + [cpu_delta.get(ident, 0.0), 0.0]
-            seen = sum(row[: len(KINDS)])
-            row[_SECONDS] = report.window_s * min(1.0, seen / report.samples) if report.samples else 0.0
+            row[_SECONDS] = _seconds(row, report.window_s, report.samples)
             rows[ident] = row
         for ident, delta in cpu_delta.items():
             rows.setdefault(ident, [0.0] * len(KINDS) + [delta, 0.0])
         blocked = {int(b): int(o) for b, o in data.get("blocked_by") or ()}
-        self.rows.append((report.t, (rows, blocked)))
+        self.rows.append((report.t, self._compact(rows, blocked, report)))
         self.samples += report.samples
         for ident, row in rows.items():
             total = self.totals.setdefault(ident, [0.0] * len(row))
@@ -323,6 +335,36 @@ class ThreadsAnalyzer(Analyzer):
         for b, o in blocked.items():
             per = self.blockers.setdefault(b, {})
             per[o] = per.get(o, 0) + 1
+
+    def _compact(self, rows: dict[int, list[float]], blocked: dict[int, int], report: ReportView) -> _Row:
+        """A report's rows as kept for windows (an hour of them): some 300 bytes instead of some 3,000."""
+        idents = tuple(rows)
+        if idents == self._idents:
+            idents = self._idents  # the same threads, report after report: kept once
+        self._idents = idents
+        counts = [row[i] for row in rows.values() for i in range(len(KINDS))]
+        kinds: array[Any]
+        try:
+            whole = [int(v) for v in counts]
+            top = max(whole, default=0)
+            code = "B" if top < 1 << 8 else "H" if top < 1 << 16 else "I"
+            kinds = array(code, whole) if whole == counts else array("d", counts)
+        except (ValueError, OverflowError):  # not sample counts (NaN, infinite, huge): kept as they are
+            kinds = array("d", counts)
+        cpu = [row[_CPU] for row in rows.values()]
+        return idents, kinds, array("d", cpu) if any(cpu) else None, report.window_s, report.samples, blocked or None
+
+    @staticmethod
+    def _expand(kept: _Row) -> tuple[dict[int, list[float]], dict[int, int]]:
+        """The rows and blockers :meth:`_compact` kept, as :meth:`merge` made them."""
+        idents, kinds, cpu, window_s, samples, blocked = kept
+        rows: dict[int, list[float]] = {}
+        n = len(KINDS)
+        for j, ident in enumerate(idents):
+            row = [float(k) for k in kinds[j * n : (j + 1) * n]] + [cpu[j] if cpu is not None else 0.0, 0.0]
+            row[_SECONDS] = _seconds(row, window_s, samples)
+            rows[ident] = row
+        return rows, blocked or {}
 
     def merge_detail(self, burst: Mapping[str, Any]) -> None:
         length = float(burst.get("length_s") or 0.0)
@@ -340,7 +382,8 @@ class ThreadsAnalyzer(Analyzer):
             return self.totals, self.blockers
         totals: dict[int, list[float]] = {}
         blockers: dict[int, dict[int, int]] = {}
-        for rows, blocked in self.window_rows(start, end):
+        for kept in self.window_rows(start, end):
+            rows, blocked = self._expand(kept)
             for ident, row in rows.items():
                 total = totals.setdefault(ident, [0.0] * len(row))
                 for i, v in enumerate(row):

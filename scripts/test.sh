@@ -53,6 +53,14 @@ for py in "${pythons[@]}"; do
     "$venv/bin/python" -m mypy agent monitor proflets || status=1
     first=0
   fi
-  "$venv/bin/python" -m pytest "$@" || status=$?
+  # Two workers, a test file each at a time: most tests wait on real processes and
+  # sockets, so two at once halve the run on a 2-core machine (DYPER_TEST_WORKERS=0:
+  # one process, in file order).
+  workers=${DYPER_TEST_WORKERS:-2}
+  if [ "$workers" = 0 ]; then
+    "$venv/bin/python" -m pytest "$@" || status=$?
+  else
+    "$venv/bin/python" -m pytest -n "$workers" --dist loadfile "$@" || status=$?
+  fi
 done
 exit $status

@@ -1,6 +1,6 @@
 """A small closed-loop HTTP load generator, for when wrk is not installed.
 
-    python bench/workloads/loadgen.py URL [--connections 4] [--duration 10]
+    python bench/workloads/loadgen.py URL [--connections 4] [--duration 10] [--stamps OUT]
 
 Each of --connections threads sends GET requests one after the other on a new
 connection each (gunicorn's sync workers close the connection after every
@@ -8,6 +8,11 @@ response anyway) until --duration passes. Prints one JSON line: requests,
 errors, seconds, req/s and latency percentiles in ms. Being Python, it needs
 far more CPU per request than wrk, so the figures are only comparable with
 runs that used it too.
+
+With --stamps it also writes OUT, ``{"threads": [[t, t, ...], ...]}``: per
+connection the ``time.perf_counter()`` at which each response ended
+(CLOCK_MONOTONIC, as bench/workloads/_windows.py writes them, for
+bench/overhead_windows.py), and a SIGTERM ends the load early.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
+import signal
 import threading
 import time
 from urllib.parse import urlsplit
@@ -32,19 +39,23 @@ def main() -> None:
     ap.add_argument("url")
     ap.add_argument("--connections", type=int, default=4)
     ap.add_argument("--duration", type=float, default=10.0)
+    ap.add_argument("--stamps", metavar="OUT", help="write when each response ended here")
     args = ap.parse_args()
     parts = urlsplit(args.url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     path = parts.path or "/"
     latencies: list[list[float]] = [[] for _ in range(args.connections)]
+    ends: list[list[float]] = [[] for _ in range(args.connections)]
     errors = [0] * args.connections
-    deadline = time.perf_counter() + args.duration
+    deadline = [time.perf_counter() + args.duration]
+    if args.stamps:
+        signal.signal(signal.SIGTERM, lambda *_: deadline.__setitem__(0, 0.0))
 
     def client(i: int) -> None:
         lat = latencies[i]
         while True:
             t0 = time.perf_counter()
-            if t0 >= deadline:
+            if t0 >= deadline[0]:
                 return
             try:
                 conn = http.client.HTTPConnection(host, port, timeout=10)
@@ -55,10 +66,12 @@ def main() -> None:
                 if resp.status != 200:
                     errors[i] += 1
                     continue
-            except OSError:
+            except (OSError, http.client.HTTPException):
                 errors[i] += 1
                 continue
-            lat.append(time.perf_counter() - t0)
+            t1 = time.perf_counter()
+            lat.append(t1 - t0)
+            ends[i].append(t1)
 
     t0 = time.perf_counter()
     threads = [threading.Thread(target=client, args=(i,)) for i in range(args.connections)]
@@ -67,6 +80,10 @@ def main() -> None:
     for t in threads:
         t.join()
     elapsed = time.perf_counter() - t0
+    if args.stamps:
+        with open(args.stamps + ".tmp", "w") as f:
+            json.dump({"threads": ends}, f)
+        os.replace(args.stamps + ".tmp", args.stamps)
     all_lat = [x for lat in latencies for x in lat]
     print(
         json.dumps(

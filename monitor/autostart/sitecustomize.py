@@ -33,20 +33,11 @@ def _dyper_autostart() -> None:
     if not os.environ.get("DYPER_MONITOR"):
         return
     try:
-        import agent
-
-        agent.start()
-    except Exception as exc:  # the program must run even if profiling cannot
-        errfile = os.environ.get("DYPER_ERRFILE")
-        message = f"dyper: agent not started in pid {os.getpid()} ({sys.executable}): {exc}\n"
-        if errfile:
-            try:
-                with open(errfile, "a") as f:
-                    f.write(message)
-            except OSError:
-                pass
-        else:
-            sys.stderr.write(message)
+        import agent.autostart
+    except ImportError as exc:  # the program must run even if profiling cannot
+        sys.stderr.write(f"dyper: agent not importable in pid {os.getpid()} ({sys.executable}): {exc}\n")
+        return
+    agent.autostart.run()
 
 
 _dyper_autostart()

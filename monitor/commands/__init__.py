@@ -61,6 +61,25 @@ def window_arg(text: str) -> WindowSpec:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def endpoint_arg(text: str) -> str:
+    """``--monitor``: a ZeroMQ endpoint this command can connect to, checked before ZeroMQ sees it."""
+    from urllib.parse import urlsplit
+
+    fix = "use tcp://HOST:PORT or ipc://PATH, e.g. tcp://127.0.0.1:7341"
+    if text.startswith("ipc://") and len(text) > len("ipc://"):
+        return text
+    if not text.startswith("tcp://"):
+        raise argparse.ArgumentTypeError(f"monitor endpoint {text!r}: {fix}")
+    parts = urlsplit(text)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if not parts.hostname or port is None or not 0 < port < 65536 or parts.path not in ("", "/"):
+        raise argparse.ArgumentTypeError(f"monitor endpoint {text!r} needs a host and a port from 1 to 65535: {fix}")
+    return text
+
+
 def add_monitor_argument(parser: argparse.ArgumentParser, what: str = "") -> None:
     """``--monitor ENDPOINT``: the standing monitor a command asks (default the agent's default)."""
     from agent import DEFAULT_MONITOR
@@ -68,6 +87,7 @@ def add_monitor_argument(parser: argparse.ArgumentParser, what: str = "") -> Non
     parser.add_argument(
         "--monitor",
         metavar="ENDPOINT",
+        type=endpoint_arg,
         default=DEFAULT_MONITOR,
         help=f"the standing monitor{what} (default {DEFAULT_MONITOR})",
     )

@@ -2,6 +2,8 @@
 
     dyper attach PID [--budget 1%] [--duration S] [-o FILE]
     dyper attach PID --monitor tcp://127.0.0.1:7341
+    dyper attach PID --monitor tcp://HOST:7341 --monitor-key monitor.key --key agent.key_secret
+    dyper attach PID --children        # a pre-fork master and its running workers
 
 Without --monitor the CLI hosts the monitor, shows the live view and, when
 --duration passes, the process exits or you press Ctrl-C, detaches cleanly
@@ -13,15 +15,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from monitor.attach import AttachError, attach
+from monitor.attach import Attached, AttachError, attach
 from monitor.commands import CliError, add_output_arguments, budget_arg, duration_arg, pid_arg
+from monitor.commands.run import add_key_arguments, key_options
 from monitor.embedded import Options, detach_via, finish_output, profile_target
 from monitor.server import Monitor
+
+if TYPE_CHECKING:
+    from agent import CurveKeys
 
 NAME = "attach"
 
@@ -42,43 +49,105 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("DYPER_PROFLETS"),
         help="proflets to run, e.g. cpu,threads,timing or all (default $DYPER_PROFLETS, else the agent's default)",
     )
+    parser.add_argument(
+        "--children",
+        action="store_true",
+        help="also attach to PID's running child processes (a pre-fork server's workers); "
+        "workers forked later get the agent from the master",
+    )
     parser.add_argument("--duration", type=duration_arg, help="detach after this many seconds")
     parser.add_argument("--monitor", metavar="ENDPOINT", help="stream to a standing monitor and return")
+    add_key_arguments(parser)
     parser.add_argument("--window", type=duration_arg, help="live view over the last N seconds only")
     parser.add_argument("-q", "--quiet", action="store_true", help="no live view, only the final summary")
     add_output_arguments(parser)
 
 
 class AttachedProcess:
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, children: tuple[int, ...] = ()) -> None:
         self.pid = pid
+        self.children = children
 
     def done(self) -> bool:
         return not os.path.exists(f"/proc/{self.pid}")
 
     async def finish(self, monitor: Monitor | None, reason: str) -> None:
-        if self.done():
+        await asyncio.gather(*(self._detach(pid, monitor) for pid in (self.pid, *self.children)))
+
+    @staticmethod
+    async def _detach(pid: int, monitor: Monitor | None) -> None:
+        if not os.path.exists(f"/proc/{pid}"):
             return
-        if monitor is not None and await detach_via(monitor, self.pid):
+        if monitor is not None and await detach_via(monitor, pid):
             return
         # The agent did not answer over the socket: stop it from inside.
         from monitor.attach import detach
 
-        await asyncio.to_thread(detach, self.pid)
+        with contextlib.suppress(AttachError):
+            await asyncio.to_thread(detach, pid)
+
+
+def child_pids(pid: int) -> list[int]:
+    """``pid``'s running descendants (a pre-fork master's workers and theirs), oldest first."""
+    import psutil
+
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    return [c.pid for c in sorted(children, key=lambda c: c.pid)]
+
+
+def attach_all(
+    pids: list[int],
+    endpoint: str,
+    args: argparse.Namespace,
+    console: Console,
+    keys: tuple[str | None, str | None] = (None, None),
+) -> tuple[list[Attached], list[str]]:
+    """Attach to each of ``pids`` at once (each attach waits on its own debugger); the errors, one per pid."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(pid: int) -> Attached | str:
+        try:
+            return attach(
+                pid,
+                endpoint,
+                args.budget,
+                ceiling=args.ceiling,
+                proflets=_proflets(args),
+                monitor_key=keys[0],
+                key=keys[1],
+            )
+        except AttachError as exc:
+            return f"child {pid}: {exc}"
+
+    with ThreadPoolExecutor(max_workers=min(8, len(pids) or 1)) as pool:
+        results = list(pool.map(one, pids))
+    attached = [r for r in results if isinstance(r, Attached)]
+    errors = [r for r in results if isinstance(r, str)]
+    return attached, errors
 
 
 def run(args: argparse.Namespace, *, beside: Any = None) -> int:
     """``beside``: see :func:`monitor.embedded.profile_target` (the demo's dashboard)."""
+    keys = key_options(args)
     console = Console()
     if args.monitor:
-        return _attach_to_standing(args, console)
+        return _attach_to_standing(args, console, keys)
 
     async def start(endpoint: str) -> AttachedProcess:
         try:
-            await asyncio.to_thread(attach, args.pid, endpoint, args.budget, ceiling=args.ceiling)
+            await asyncio.to_thread(
+                attach, args.pid, endpoint, args.budget, ceiling=args.ceiling, proflets=_proflets(args)
+            )
         except AttachError as exc:
             raise CliError(str(exc)) from None
-        return AttachedProcess(args.pid)
+        if not args.children:
+            return AttachedProcess(args.pid)
+        attached, errors = await asyncio.to_thread(attach_all, child_pids(args.pid), endpoint, args, console)
+        _say_children(console, args.pid, attached, errors)
+        return AttachedProcess(args.pid, tuple(a.pid for a in attached))
 
     live = not args.quiet and console.is_terminal
     options = Options(args.duration, args.output, args.metric, args.libraries, live, args.window)
@@ -90,25 +159,44 @@ def run(args: argparse.Namespace, *, beside: Any = None) -> int:
     return 0
 
 
-def _attach_to_standing(args: argparse.Namespace, console: Console) -> int:
+def _say_children(console: Console, pid: int, attached: list[Attached], errors: list[str]) -> None:
+    if attached or errors:
+        console.print(f"attached to {len(attached)} of {len(attached) + len(errors)} child processes of {pid}")
+    else:
+        console.print(f"process {pid} has no child processes: attached to it alone")
+    for line in errors:
+        console.print(f"[yellow]{line}[/]")
+
+
+def _attach_to_standing(
+    args: argparse.Namespace, console: Console, keys: tuple[CurveKeys | None, str | None, str | None]
+) -> int:
     import time
 
-    from agent import check_endpoint
     from monitor.client import MonitorClient, MonitorUnreachable
 
-    try:
-        check_endpoint(args.monitor)
-    except ValueError as exc:
-        raise CliError(str(exc), code=2) from None
-    with MonitorClient(args.monitor) as client:
+    curve, monitor_key, key = keys
+    with MonitorClient(args.monitor, curve=curve) as client:
         try:
             client.call("ping")
         except MonitorUnreachable as exc:
             raise CliError(str(exc)) from None
         try:
-            attached = attach(args.pid, args.monitor, args.budget, ceiling=args.ceiling, proflets=_proflets(args))
+            attached = attach(
+                args.pid,
+                args.monitor,
+                args.budget,
+                ceiling=args.ceiling,
+                proflets=_proflets(args),
+                monitor_key=monitor_key,
+                key=key,
+            )
         except AttachError as exc:
             raise CliError(str(exc)) from None
+        children: list[Attached] = []
+        if args.children:
+            children, errors = attach_all(child_pids(args.pid), args.monitor, args, console, (monitor_key, key))
+            _say_children(console, args.pid, children, errors)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             sessions = client.call("sessions")
@@ -117,6 +205,8 @@ def _attach_to_standing(args: argparse.Namespace, console: Console) -> int:
             time.sleep(0.1)
         else:
             raise CliError(f"agent started in {args.pid} but the monitor at {args.monitor} has not heard from it")
+    if children:
+        console.print(f"`dyper top --service {args.pid}` shows the master and its workers merged")
     console.print(
         f"attached to {args.pid} (Python {attached.python}), streaming to {args.monitor} "
         f"at {100 * args.budget:g}% budget; `dyper top {args.pid}` to watch, `dyper detach {args.pid}` to stop"

@@ -13,7 +13,7 @@ import argparse
 from agent import DEFAULT_MONITOR
 from monitor.attach import AttachError, set_budget
 from monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
-from monitor.commands import CliError, budget_arg, pid_arg
+from monitor.commands import CliError, budget_arg, endpoint_arg, pid_arg
 
 NAME = "budget"
 
@@ -21,7 +21,7 @@ NAME = "budget"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("pid", type=pid_arg)
     parser.add_argument("budget", type=budget_arg, help="e.g. 5%%")
-    parser.add_argument("--monitor", metavar="ENDPOINT", default=DEFAULT_MONITOR)
+    parser.add_argument("--monitor", metavar="ENDPOINT", type=endpoint_arg, default=DEFAULT_MONITOR)
 
 
 def run(args: argparse.Namespace) -> int:

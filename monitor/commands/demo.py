@@ -85,18 +85,14 @@ def run(args: argparse.Namespace) -> int:
         print(line.strip())
         time.sleep(0.5)  # let the load generator warm up
         print(f"attaching dyper to pid {service.pid} at {100 * args.budget:g}% budget ...")
-        attach_args = argparse.Namespace(
-            pid=service.pid,
-            budget=args.budget,
-            ceiling=None,
-            duration=args.duration,
-            monitor=None,
-            window=10.0,
-            quiet=False,
-            output=args.output,
-            metric="cpu",
-            libraries=False,
-        )
+        # `dyper attach PID` with its own defaults, so options added to attach later reach the demo too
+        attach_parser = argparse.ArgumentParser(add_help=False)
+        attach_cmd.add_arguments(attach_parser)
+        attach_args = attach_parser.parse_args([str(service.pid)])
+        attach_args.budget = args.budget
+        attach_args.duration = args.duration
+        attach_args.window = 10.0
+        attach_args.output = args.output
         return attach_cmd.run(attach_args, beside=dashboard_beside(args.http, not args.no_browser))
     finally:
         service.terminate()

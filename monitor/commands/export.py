@@ -80,6 +80,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(pprof and json carry both)",
     )
     parser.add_argument("--libraries", action="store_true", help="charge library time to the calling app line")
+    parser.add_argument(
+        "--service",
+        action="store_true",
+        help="with a PID: the whole service it belongs to (a pre-fork master and its workers), merged; "
+        "whole run or --last",
+    )
     add_monitor_argument(parser, ", for PIDs")
 
 
@@ -96,7 +102,13 @@ def _from_monitor(args: argparse.Namespace, pid: int, spec: WindowSpec | None) -
     from monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
 
     call: dict[str, object] = {"pid": pid}
-    if spec is not None:
+    if args.service:
+        if args.window is not None:
+            raise CliError("--service takes the whole run or --last N, not --window", code=2)
+        call["service"] = True
+        if args.last is not None:
+            call["window_s"] = args.last
+    elif spec is not None:
         call["window"] = spec.to_json()
     try:
         with MonitorClient(args.monitor, timeout=PING_TIMEOUT_S) as client:
@@ -136,7 +148,8 @@ def run(args: argparse.Namespace) -> int:
         what = source
     elif source.isdigit() and int(source) > 0:
         profile = _from_monitor(args, int(source), spec)
-        what = f"pid {source}, " + (spec.describe() if spec is not None else "whole run")
+        what = ("the service of " if args.service else "") + f"pid {source}, "
+        what += spec.describe() if spec is not None else "whole run"
     else:
         raise CliError(f"no such file: {source}")
     samples = profile.total(args.metric)

@@ -2,11 +2,20 @@
 
     dyper monitor [--listen tcp://127.0.0.1:7341] [--history FILE | --no-history]
                   [--retain-age 7d] [--retain-size 1GiB] [--http 127.0.0.1:8341 [--http-token T]]
+    dyper monitor --listen tcp://0.0.0.0:7341 --curve-secret monitor.key_secret --authorized DIR
 
 Agents started with --monitor, DYPER_MONITOR or `dyper attach --monitor`
 connect to it; `dyper top`, `dyper ps` and `dyper detach` query it. It
 listens on loopback by default; profiles never leave the host unencrypted.
 Stops on Ctrl-C or SIGTERM.
+
+Off loopback it needs CURVE (keys made with `dyper keys`): --curve-secret is
+the monitor's secret certificate, --authorized a directory holding the public
+certificate (NAME.key) of each agent it lets in; agents pin the monitor's
+public certificate (--monitor-key) and present their own secret one (--key).
+Commands on this host (top, ps, budget, detach, ...) then use the control
+endpoint it prints, which has no CURVE and only this user can reach (--control
+to choose it: ipc://PATH or a loopback tcp:// address).
 
 Everything it receives is kept in a SQLite file (default
 $DYPER_HISTORY, else $XDG_STATE_HOME/dyper/history.sqlite3, that is
@@ -29,15 +38,19 @@ import asyncio
 import contextlib
 import signal
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from agent import DEFAULT_MONITOR, check_endpoint
 from monitor.commands import CliError
 from monitor.history import DEFAULT_MAX_AGE_S, DEFAULT_MAX_BYTES, History, HistoryError, Retention, parse_size
 from monitor.server import Monitor
 from monitor.windows import parse_seconds
+
+if TYPE_CHECKING:
+    from monitor.curve import ServerKeys
 
 NAME = "monitor"
 
@@ -47,7 +60,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--listen",
         metavar="ENDPOINT",
         default=DEFAULT_MONITOR,
-        help=f"where agents and clients connect (default {DEFAULT_MONITOR})",
+        help=f"where agents and clients connect (default {DEFAULT_MONITOR}); off loopback it needs CURVE",
+    )
+    parser.add_argument(
+        "--curve-secret",
+        metavar="FILE",
+        help="the monitor's secret certificate (NAME.key_secret from `dyper keys`): agents must use CURVE",
+    )
+    parser.add_argument(
+        "--authorized",
+        metavar="DIR",
+        help="with --curve-secret: the agents' public certificates (NAME.key) it lets in",
+    )
+    parser.add_argument(
+        "--control",
+        metavar="ENDPOINT",
+        help="with --curve-secret: the endpoint without CURVE for this host's commands "
+        "(default ipc://$XDG_RUNTIME_DIR/dyper/monitor-PORT.sock, else /tmp/dyper-UID/...)",
     )
     keep = parser.add_mutually_exclusive_group()
     keep.add_argument(
@@ -121,11 +150,44 @@ def http_options(http: str | None, token: str | None) -> tuple[str, int, str | N
     return host, port, token
 
 
-def run(args: argparse.Namespace) -> int:
+def curve_options(args: argparse.Namespace) -> ServerKeys | None:
+    """--listen with --curve-secret, --authorized and --control checked: the keys, or None for no CURVE."""
+    given = args.curve_secret is not None or args.authorized is not None
+    if not given:
+        if args.control is not None:
+            raise CliError("--control goes with --curve-secret and --authorized", code=2)
+        try:
+            check_endpoint(args.listen)
+        except ValueError:
+            raise CliError(
+                f"listen endpoint {args.listen!r} is not on loopback and profiles would cross the network "
+                "unencrypted: make keys with `dyper keys --name monitor` and `dyper keys --name agent-NAME`, "
+                "then give --curve-secret monitor.key_secret --authorized DIR (holding each agent's .key)",
+                code=2,
+            ) from None
+        return None
+    if args.curve_secret is None or args.authorized is None:
+        raise CliError("CURVE takes both --curve-secret FILE and --authorized DIR (see `dyper keys`)", code=2)
+    if not args.listen.startswith("tcp://"):
+        raise CliError("--curve-secret is for tcp:// endpoints; ipc:// is guarded by its file permissions", code=2)
+    if args.control is not None:
+        try:
+            check_endpoint(args.control)
+        except ValueError:
+            raise CliError(
+                f"--control {args.control!r} has no CURVE, so it must stay on this host: ipc://PATH or loopback",
+                code=2,
+            ) from None
+    from monitor.curve import CurveError, load_server_keys
+
     try:
-        check_endpoint(args.listen)
-    except ValueError as exc:
-        raise CliError(str(exc).replace("monitor endpoint", "listen endpoint"), code=2) from None
+        return load_server_keys(args.curve_secret, args.authorized)
+    except CurveError as exc:
+        raise CliError(str(exc), code=2) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    curve = curve_options(args)
     http = http_options(args.http, args.http_token)
     console = Console(stderr=True)
 
@@ -139,6 +201,9 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"{stamp} agent in {data['pid']} left ({data['reason']})")
         elif kind in ("agent_error", "internal_error"):
             console.print(f"{stamp} [red]{kind}[/]: {data['message']}")
+        elif kind in ("auth_rejected", "handshake_failed", "auth_error"):
+            # escaped: a key in Z85 may hold "[" and "]", which rich takes for markup
+            console.print(f"{stamp} [yellow]{escape(data['message'])}[/]", soft_wrap=True)
 
     history = None
     if not args.no_history:
@@ -149,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
         except HistoryError as exc:
             raise CliError(str(exc)) from None
     try:
-        monitor = Monitor(args.listen, on_event=on_event, history=history)
+        monitor = Monitor(args.listen, on_event=on_event, history=history, curve=curve, control=args.control)
     except HistoryError as exc:
         if history is not None:
             history.close()
@@ -160,6 +225,12 @@ def run(args: argparse.Namespace) -> int:
         monitor.close()
         raise CliError(f"{exc}: is another monitor running? (dyper ps --monitor {args.listen})") from None
     console.print(f"dyper monitor listening on {endpoint}; Ctrl-C to stop")
+    if curve is not None:
+        console.print(
+            f"CURVE: {len(curve.keys)} authorized agent key(s) in {curve.authorized}; "
+            f"commands on this host: --monitor {monitor.control_endpoint}",
+            soft_wrap=True,
+        )
     if history is not None:
         kept = f"{len(monitor.sessions)} session(s) from before" if monitor.sessions else "nothing yet"
         console.print(f"history in {history.path} ({history.retention.describe()}): {kept}")

@@ -21,6 +21,7 @@ from rich.table import Table
 from agent import DEFAULT_MONITOR
 from agent.core import THREAD_NAME
 from monitor.client import MonitorClient, MonitorUnreachable
+from monitor.commands import CliError, endpoint_arg
 
 NAME = "ps"
 _PYTHON = re.compile(r"^python(\d+(\.\d+)*)?[a-z]*$")
@@ -30,8 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--monitor",
         metavar="ENDPOINT",
-        default=DEFAULT_MONITOR,
-        help=f"the standing monitor to ask about monitored processes (default {DEFAULT_MONITOR})",
+        type=endpoint_arg,
+        help=f"the standing monitor to ask about monitored processes (default {DEFAULT_MONITOR}; "
+        "given, it must answer)",
     )
     parser.add_argument("--json", action="store_true", help='[{"pid", "argv", "attached", "monitored"}]')
 
@@ -81,14 +83,21 @@ def python_processes(monitored: set[int]) -> list[dict[str, Any]]:
 def run(args: argparse.Namespace) -> int:
     monitored: set[int] = set()
     reachable = True
+    endpoint = args.monitor or DEFAULT_MONITOR
     try:
-        with MonitorClient(args.monitor, timeout=1.0) as client:
+        with MonitorClient(endpoint, timeout=1.0) as client:
             monitored = {s["pid"] for s in client.call("sessions") if s["connected"]}
     except MonitorUnreachable:
         reachable = False
     rows = python_processes(monitored)
+    # The list is printed either way; a monitor the user named and that does not answer is an error.
+    unknown = f"no dyper monitor answers at {endpoint}: 'monitored' is unknown; start one with `dyper monitor`"
+    if args.monitor:
+        unknown += " or leave out --monitor"
     if args.json:
         print(json.dumps(rows))
+        if not reachable and args.monitor:
+            raise CliError(unknown)
         return 0
     console = Console()
     table = Table(header_style="bold", title="Python processes on this host")
@@ -103,5 +112,7 @@ def run(args: argparse.Namespace) -> int:
         )
     console.print(table)
     if not reachable:
-        console.print(f"[dim]no monitor at {args.monitor}: 'monitored' is unknown (start one: dyper monitor)[/]")
+        if args.monitor:
+            raise CliError(unknown)
+        console.print(f"[dim]{unknown}[/]")
     return 0

@@ -6,7 +6,9 @@ Works for any command that starts Python: a script, ``-m module``, or a
 console script such as gunicorn. Without --monitor the CLI hosts the monitor
 and shows the live view until the program exits, --duration passes (the
 program is then stopped) or Ctrl-C. With --monitor the agent streams to that
-standing monitor instead.
+standing monitor instead; one off loopback takes CURVE keys (`dyper keys`):
+--monitor-key, the monitor's public certificate, and --key, the agent's secret
+one (default $DYPER_MONITOR_KEY and $DYPER_KEY).
 """
 
 from __future__ import annotations
@@ -20,12 +22,16 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
 from monitor.commands import CliError, add_output_arguments, budget_arg, duration_arg
 from monitor.embedded import Options, finish_output, profile_target
 from monitor.server import Monitor
+
+if TYPE_CHECKING:
+    from agent import CurveKeys
 
 NAME = "run"
 AUTOSTART_DIR = str(Path(__file__).resolve().parent.parent / "autostart")
@@ -35,10 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", type=budget_arg, default=0.01, help="overhead budget, e.g. 1%% (default 1%%)")
     parser.add_argument("--duration", type=duration_arg, help="stop after this many seconds")
     parser.add_argument("--monitor", metavar="ENDPOINT", help="stream to a standing monitor (dyper monitor)")
+    add_key_arguments(parser)
     parser.add_argument("--window", type=duration_arg, help="live view over the last N seconds only")
     parser.add_argument("-q", "--quiet", action="store_true", help="no live view, only the final summary")
     add_output_arguments(parser)
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="the program to run, after --")
+    # dest "program": "command" is where the CLI keeps the subcommand's name for its error lines
+    parser.add_argument("program", metavar="command", nargs=argparse.REMAINDER, help="the program to run, after --")
 
 
 class Child:
@@ -71,10 +79,62 @@ class Child:
                 continue
 
 
-def child_env(endpoint: str, budget: float, errfile: str | None = None) -> dict[str, str]:
+def add_key_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--monitor-key`` and ``--key``: CURVE for a standing monitor (also ``dyper attach``'s)."""
+    parser.add_argument(
+        "--monitor-key",
+        metavar="FILE",
+        help="with --monitor: the monitor's public certificate (from `dyper keys`; default $DYPER_MONITOR_KEY)",
+    )
+    parser.add_argument(
+        "--key",
+        metavar="FILE",
+        help="with --monitor: the agent's secret certificate (from `dyper keys`; default $DYPER_KEY)",
+    )
+
+
+def key_options(args: argparse.Namespace) -> tuple[CurveKeys | None, str | None, str | None]:
+    """The CURVE keys for ``--monitor`` (``--monitor-key``/``--key``, else the environment) and their absolute paths.
+
+    Checks the endpoint too: off loopback it needs them. Errors are CliErrors.
+    """
+    from agent import check_endpoint, load_keys
+
+    given_monitor_key, given_key = getattr(args, "monitor_key", None), getattr(args, "key", None)
+    if not args.monitor:
+        if given_monitor_key or given_key:
+            raise CliError("--monitor-key and --key go with --monitor (a standing monitor)", code=2)
+        return None, None, None
+    monitor_key = given_monitor_key or os.environ.get("DYPER_MONITOR_KEY") or None
+    key = given_key or os.environ.get("DYPER_KEY") or None
+    try:
+        curve = load_keys(monitor_key, key)
+        check_endpoint(args.monitor, curve=curve is not None)
+    except ValueError as exc:
+        raise CliError(str(exc), code=2) from None
+    if curve is None:
+        return None, None, None
+    assert monitor_key is not None and key is not None
+    return curve, os.path.abspath(os.path.expanduser(monitor_key)), os.path.abspath(os.path.expanduser(key))
+
+
+def child_env(
+    endpoint: str,
+    budget: float,
+    errfile: str | None = None,
+    *,
+    monitor_key: str | None = None,
+    key: str | None = None,
+) -> dict[str, str]:
     env = dict(os.environ)
     env["DYPER_MONITOR"] = endpoint
     env["DYPER_BUDGET"] = repr(budget)
+    # Keys from our environment must not reach an agent meant to go without them.
+    env.pop("DYPER_MONITOR_KEY", None)
+    env.pop("DYPER_KEY", None)
+    if monitor_key and key:
+        env["DYPER_MONITOR_KEY"] = monitor_key
+        env["DYPER_KEY"] = key
     env["PYTHONPATH"] = os.pathsep.join(p for p in (AUTOSTART_DIR, env.get("PYTHONPATH", "")) if p)
     if errfile:
         env["DYPER_ERRFILE"] = errfile
@@ -82,7 +142,7 @@ def child_env(endpoint: str, budget: float, errfile: str | None = None) -> dict[
 
 
 def _command(args: argparse.Namespace) -> list[str]:
-    command = list(args.command)
+    command = list(args.program)
     if command and command[0] == "--":
         command = command[1:]
     if not command:
@@ -94,9 +154,10 @@ def _command(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     command = _command(args)
+    keys = key_options(args)  # before anything starts: a bad key or endpoint is a one-line error
     console = Console()
     if args.monitor:
-        return _run_with_standing_monitor(args, command, console)
+        return _run_with_standing_monitor(args, command, console, keys)
     live = not args.quiet and console.is_terminal
     workdir = Path(tempfile.mkdtemp(prefix="dyper-run-"))
     errfile = str(workdir / "agent-errors.log")
@@ -137,20 +198,21 @@ def run(args: argparse.Namespace) -> int:
     return 0 if code is None or code < 0 else code
 
 
-def _run_with_standing_monitor(args: argparse.Namespace, command: list[str], console: Console) -> int:
-    from agent import check_endpoint
+def _run_with_standing_monitor(
+    args: argparse.Namespace,
+    command: list[str],
+    console: Console,
+    keys: tuple[CurveKeys | None, str | None, str | None],
+) -> int:
     from monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
 
-    try:
-        check_endpoint(args.monitor)
-    except ValueError as exc:
-        raise CliError(str(exc), code=2) from None
-    with MonitorClient(args.monitor) as client:
+    curve, monitor_key, key = keys
+    with MonitorClient(args.monitor, curve=curve) as client:
         try:
             client.call("ping")
         except MonitorUnreachable as exc:
             raise CliError(str(exc)) from None
-        proc = subprocess.Popen(command, env=child_env(args.monitor, args.budget))
+        proc = subprocess.Popen(command, env=child_env(args.monitor, args.budget, monitor_key=monitor_key, key=key))
         try:
             proc.wait(timeout=args.duration)
         except subprocess.TimeoutExpired:

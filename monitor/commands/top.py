@@ -24,6 +24,11 @@ NAME = "top"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("pid", type=pid_arg, nargs="?")
+    parser.add_argument(
+        "--service",
+        action="store_true",
+        help="the whole service PID belongs to: a pre-fork master and its workers, merged",
+    )
     add_monitor_argument(parser)
     parser.add_argument("--window", type=duration_arg, help="the last N seconds only (default: whole run)")
     parser.add_argument("--libraries", action="store_true", help="charge library time to the calling app line")
@@ -60,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
                 else:
                     console.print(_sessions_table(sessions))
                     return 0 if sessions else 1
-            view_args = {"pid": pid, "libraries": args.libraries}
+            view_args = {"pid": pid, "libraries": args.libraries, "service": args.service}
             if args.window:
                 view_args["window_s"] = args.window
             if args.json or args.once:

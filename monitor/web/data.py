@@ -21,6 +21,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from agent.budget import slowdown
 from monitor.exports import prune_floor
 from monitor.profile import DEFAULT_FLOOR_PCT, Metric, Profile
 from monitor.search.repl import short_name
@@ -113,7 +114,7 @@ def cpu_table(rows: list[dict[str, Any]], profile: Profile, calls_per_s: dict[tu
 
 
 def overhead_points(timeline: dict[str, Any]) -> list[dict[str, float]]:
-    """The ``timeline`` op's buckets as points: time, budget and spent as fractions of wall time."""
+    """The ``timeline`` op's buckets as points: time, budget, and the overhead spent (see agent.budget.slowdown)."""
     points = []
     for start, passes, reports, spent_s, covered_s, budget in timeline.get("buckets", []):
         if covered_s <= 0:
@@ -121,7 +122,7 @@ def overhead_points(timeline: dict[str, Any]) -> list[dict[str, float]]:
         points.append(
             {
                 "t": float(start),
-                "spent": float(spent_s) / float(covered_s),
+                "spent": slowdown(float(spent_s), float(covered_s)),
                 "budget": float(budget),
                 "samples": int(passes),
                 "reports": int(reports),

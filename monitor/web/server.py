@@ -282,8 +282,12 @@ class Dashboard:
         info = session_info(session)
         timeline = await self._timeline(session)
         process = profile.process
+        from monitor.services import service_of
+
         return {
             "session": info,
+            # the service this process belongs to: the call tree can merge its processes
+            "service": service_of(self.monitor.sessions.values(), session).info(),
             "samples_per_s": samples_per_s(session),
             "window": {
                 "text": window_text,
@@ -383,10 +387,19 @@ class Dashboard:
         metric = q.get("metric", "cpu")
         if metric not in ("cpu", "wall"):
             raise BadRequest("metric is cpu or wall")
-        profile = await self._profile(session, self._window(q.get("window", DEFAULT_WINDOW)))
-        base = None
-        if q.get("base"):
-            base = await self._profile(session, self._window(q["base"]))
+        if q.get("service") == "1":
+            # the whole service (a pre-fork master and its workers), merged, from memory
+            from monitor.services import service_of, service_profile
+
+            service = service_of(self.monitor.sessions.values(), session)
+            window = self._window(q.get("window", DEFAULT_WINDOW))
+            profile = service_profile(service, window)
+            base = service_profile(service, self._window(q["base"])) if q.get("base") else None
+        else:
+            profile = await self._profile(session, self._window(q.get("window", DEFAULT_WINDOW)))
+            base = None
+            if q.get("base"):
+                base = await self._profile(session, self._window(q["base"]))
         libraries = q.get("libraries") == "1"
         result = await asyncio.to_thread(data.flame_data, profile, metric, base, charge_libraries=libraries)
         return _json(result)
@@ -412,7 +425,7 @@ class Dashboard:
                     # An agent that streams elsewhere (another monitor, `dyper run`'s own):
                     # it cannot be re-pointed, so it goes and one that streams here comes.
                     await asyncio.to_thread(detach, pid)
-                await asyncio.to_thread(attach, pid, self.monitor.endpoint, budget)
+                await asyncio.to_thread(attach, pid, self.monitor.local_endpoint, budget)
                 if not await self._wait(lambda: self._monitored(pid), ATTACH_WAIT_S):
                     raise BadRequest(f"the agent started in {pid} but has not reported to this monitor yet")
                 return _json({"ok": True, "message": f"attached to {pid} at {100 * budget:g}% budget"})

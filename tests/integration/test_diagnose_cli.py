@@ -101,7 +101,8 @@ def test_bottlenecks_runs_commands_on_a_real_profile(recorded: dict[str, Path]) 
     proc = dyper("bottlenecks", str(recorded["planted_cpu"]), "-c", "suggest; select 0", "--json", check=True)
     suggest, select = json.loads(proc.stdout)
     assert suggest["ok"] and select["ok"]
-    assert suggest["summaries"][0]["cum_pct"] == 100.0  # <module>, on every stack
+    # <module>, on every stack but the odd one taken as the run starts or ends (CI once saw 99.973%)
+    assert suggest["summaries"][0]["cum_pct"] >= 99.5
     assert select["current"]["path"] == suggest["summaries"][0]["path"]
 
     proc = dyper(

@@ -122,9 +122,12 @@ def test_run_and_report_planted_threads_with_a_plugin(tmp_path):
     paced = functions["paced_call"]
     if sys.version_info >= (3, 12):
         assert paced["calls_per_s"] is not None, (paced, report["off"])
-        # The issue asks for 25%; a loaded CI machine once gave 20.8/s against a
-        # true 133/s (issue 4 stays open on it). Here: the right order of magnitude.
-        assert _truth_rate(truth) / 10 <= paced["calls_per_s"] <= 2 * _truth_rate(truth), paced
+        # The paced thread gets the GIL in clumps: over a quarter of a second its
+        # rate ran from a tenth to twice its mean. Call bursts of 2 s, not cut
+        # short at a clump, add up to seconds of counting (0.95 to 1.14 of the
+        # truth in 20 runs, 8 of them two at once on this 2-core machine).
+        assert paced["counted_s"] > 1.0, paced
+        assert 0.75 * _truth_rate(truth) <= paced["calls_per_s"] <= 1.25 * _truth_rate(truth), paced
         assert paced["calls"] == pytest.approx(paced["calls_per_s"] * process["duration_s"], rel=0.01)
     else:
         assert paced["calls_per_s"] is None and paced["calls"] is None  # nothing counted, nothing made up
@@ -151,14 +154,25 @@ def test_attach_and_report_a_live_pid(standing_monitor):
             check=True, env=PROFLETS,
         )  # fmt: skip
 
+        last: dict[str, object] = {}
+
         def settled() -> dict[str, object] | None:
             proc = dyper("report", str(target.pid), "--json", "--monitor", standing_monitor.endpoint, check=True)
             report = json.loads(proc.stdout)
             threads = report["proflets"].get("threads", {}).get("threads", [])
-            ok = report["process"]["samples"] > 300 and any(t.get("blocked_by") for t in threads)
+            # The timing proflet's first data can come a report after the threads' (CI saw none yet).
+            timed = sum(report["proflets"].get("timing", {}).get("active_histogram") or [0]) > 0
+            last.update(
+                samples=report["process"]["samples"], blocked=[t.get("blocked_by") for t in threads],
+                timed=timed, status=report.get("status"), off=report.get("off"),
+            )  # fmt: skip
+            ok = report["process"]["samples"] > 300 and any(t.get("blocked_by") for t in threads) and timed
             return report if ok else None
 
-        report = wait_for(settled, timeout=60, interval=2.0, what="a report with enough samples")
+        try:
+            report = wait_for(settled, timeout=60, interval=2.0, what="a report with enough samples")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; the last report had {last}") from None
         _check_threads(report)
         _check_timing(report)
         _check_status(report, ("threads", "timing"))

@@ -225,3 +225,32 @@ def test_no_own_bursts_of_a_proflet_the_monitor_does_not_detail():
         _busy_for(3.0)
         assert a.scheduler.due == {}
         assert a.bursts_total <= planned + 1  # at most one that was running when the plan came
+
+
+def test_a_raised_budget_takes_effect_at_once_even_from_the_least(standing_monitor):
+    # At 0.01% the plan has a sample every 5 s and a report every 30 s. A raise
+    # must not wait for that plan to run out: the monitor re-plans as it sends
+    # the budget, and the agent drops a plan made for another budget. (Before,
+    # the agent kept the old plan's delays until the monitor's next plan, which
+    # came with the next report: 30 s later.)
+    from tests.integration.conftest import TARGETS, dyper, start_target, stop
+
+    target = start_target(str(TARGETS / "split.py"), "120", "--main-sleeps")
+    try:
+        ep = standing_monitor.endpoint
+        dyper("attach", str(target.pid), "--budget", "0.01%", "--monitor", ep, check=True)
+        # The first report comes within a second whatever the budget; with it the monitor's plan for 0.01%.
+        first = wait_for(lambda: (s := standing_monitor.session(target.pid)) and s["reports"] >= 1 and s, what="report")
+        assert first["budget"] == 0.0001
+        time.sleep(1.0)  # the plan for 0.01% has reached the agent
+        dyper("budget", str(target.pid), "5%", "--monitor", ep, check=True)
+        raised = time.monotonic()
+        # At 5% reports come every second or so and samples at tens a second.
+        wait_for(
+            lambda: (s := standing_monitor.session(target.pid)) and s["budget"] == 0.05 and s["samples"] >= 30,
+            timeout=12, what="samples at the raised budget",
+        )  # fmt: skip
+        assert time.monotonic() - raised < 12
+    finally:
+        dyper("detach", str(target.pid), "--monitor", standing_monitor.endpoint)
+        stop(target)

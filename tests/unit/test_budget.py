@@ -11,7 +11,10 @@ from agent.budget import (
     cost,
     fract,
     plan,
+    slowdown,
+    slowdown_by,
     tpri,
+    wall_share,
 )
 
 
@@ -19,6 +22,19 @@ def test_fract_matches_the_paper():
     assert fract(0.0) == 1.0
     assert fract(0.5) == 0.5
     assert fract(1.0) == 0.25
+
+
+def test_a_budget_is_a_slowdown_so_its_share_of_wall_time_is_b_over_1_plus_b():
+    # s seconds of analysis in a span T leave T - s to the application: a slowdown of s / (T - s).
+    assert wall_share(0.25) == pytest.approx(0.2)
+    assert wall_share(0.01) == pytest.approx(1 / 101)
+    assert slowdown(20.0, 100.0) == pytest.approx(0.25)
+    assert slowdown(0.0, 100.0) == 0.0 and slowdown(1.0, 0.0) == 0.0
+    assert slowdown(100.0, 100.0) == 100.0  # everything spent: capped, still a number
+    assert slowdown(1e-300, 5e-324) == 100.0 and slowdown(5e-324, 1e-300) < 1e-20  # a fuzzed report's figures
+    assert slowdown(float("nan"), 1.0) == 0.0 and slowdown(1.0, float("inf")) == 0.0
+    by = slowdown_by({"sample": 5.0, "detail": 15.0}, 100.0)
+    assert by == pytest.approx({"sample": 0.0625, "detail": 0.1875}) and sum(by.values()) == pytest.approx(0.25)
 
 
 def test_cost_and_tpri():
@@ -30,10 +46,10 @@ def test_cost_and_tpri():
 def test_sampling_and_reporting_get_90_and_10_percent_when_no_proflet_wants_detailing():
     pl = plan(0.01, sample_cost_s=50e-6, report_cost_s=2e-3)
     assert pl.fract == 1.0
-    # 90% of 1% = 0.9% of wall time at 50 us per sample -> one every 5.56 ms
-    assert pl.sample_delay_s == pytest.approx(50e-6 / 0.009)
-    # 10% of 1% at 2 ms per report -> one every 2 s
-    assert pl.report_delay_s == pytest.approx(2e-3 / 0.001)
+    # 1% is 1/101 of wall time; 90% of it at 50 us per sample -> one every 5.61 ms
+    assert pl.sample_delay_s == pytest.approx(50e-6 / (0.9 / 101))
+    # 10% of it at 2 ms per report -> one every 2.02 s
+    assert pl.report_delay_s == pytest.approx(2e-3 / (0.1 / 101))
 
 
 def test_detailing_shares_follow_tpri():
@@ -44,8 +60,8 @@ def test_detailing_shares_follow_tpri():
     total = 0.75
     assert pl.detail_share["a"] / pl.detail_share["b"] == pytest.approx(math.sqrt(500) / math.sqrt(125))
     assert pl.detail_share["a"] + pl.detail_share["b"] == pytest.approx(total)
-    # one detailing of a costs 0.5 s; at share s of a 10% budget: every 0.5 / (s * 0.1) s
-    assert pl.detail_delay_s["a"] == pytest.approx(0.5 / (pl.detail_share["a"] * 0.1))
+    # one detailing of a costs 0.5 s; at share s of a 10% budget (1/11 of wall time): every 0.5 / (s / 11) s
+    assert pl.detail_delay_s["a"] == pytest.approx(0.5 / (pl.detail_share["a"] / 11))
 
 
 def test_zero_priority_proflet_never_details():
@@ -76,30 +92,31 @@ def test_guard_holds_spend_under_budget_with_fake_clock():
         g.charge(0.001, now)
         spent += 0.001
         now += 0.010
-    assert spent / now <= 0.01 * 1.01
-    assert spent / now >= 0.009  # and it does use the budget
-    assert g.overhead(now) == pytest.approx(spent / now)
+    # the application slowed by at most 1%: 1/101 of wall time
+    assert spent / (now - spent) <= 0.01 * 1.01
+    assert spent / (now - spent) >= 0.009  # and it does use the budget
+    assert g.overhead(now) == pytest.approx(spent / (now - spent))
 
 
 def test_guard_cannot_save_up_more_than_its_capacity():
     g = Guard(0.01, 0.0, capacity_s=10.0)
-    # An hour idle buys at most 10 s worth of budget (0.1 s of work).
+    # An hour idle buys at most 10 s worth of budget (10/101 s of work).
     assert g.wait_needed(3600.0) == 0.0
-    g.charge(0.1, 3600.0)
+    g.charge(10 / 101, 3600.0)
     assert g.wait_needed(3600.0) == 0.0
     g.charge(0.01, 3600.0)
-    assert g.wait_needed(3600.0) == pytest.approx(0.01 / 0.01)
+    assert g.wait_needed(3600.0) == pytest.approx(0.01 * 101)
 
 
 def test_guard_prepays_the_expected_cost():
     g = Guard(0.01, 0.0)
-    assert g.wait_needed(0.0, expected_s=0.001) == pytest.approx(0.1)
-    assert g.wait_needed(0.1, expected_s=0.001) == 0.0
+    assert g.wait_needed(0.0, expected_s=0.001) == pytest.approx(0.101)
+    assert g.wait_needed(0.101, expected_s=0.001) == 0.0
 
 
 def test_budget_change_applies_from_now():
     g = Guard(0.01, 0.0)
     g.charge(0.05, 0.0)
-    assert g.wait_needed(0.0) == pytest.approx(5.0)
+    assert g.wait_needed(0.0) == pytest.approx(5.0 * 1.01)
     g.set_budget(0.05, 0.0)
-    assert g.wait_needed(0.0) == pytest.approx(1.0)
+    assert g.wait_needed(0.0) == pytest.approx(1.0 * 1.05)

@@ -279,7 +279,7 @@ def test_with_no_census_yet_the_report_says_why() -> None:
     agent = AgentState("a", budget=0.01, proflets={"heap": {"ovhd_ms": 150.0}})
     out = HeapAnalyzer(SimpleNamespace(agents={"a": agent})).results()
     assert out["censuses"] == 0 and out["types"] == []
-    assert out["note"] == "no census yet: one is expected to take 150 ms, more than a 1% budget saves up (100 ms)"
+    assert out["note"] == "no census yet: one is expected to take 150 ms, more than a 1% budget saves up (99 ms)"
     agent.proflets["heap"]["ovhd_ms"] = 20.0
     assert HeapAnalyzer(SimpleNamespace(agents={"a": agent})).results()["note"] == "no census yet"
     agent.proflets.clear()

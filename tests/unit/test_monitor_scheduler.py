@@ -143,7 +143,7 @@ def test_between_reports_the_next_burst_is_requested_when_due():
     # A burst is taken as done at its planned length, so at a high budget the
     # next one goes out when it is due, not at the next report (1 s or more).
     s = _schedule()
-    s.on_report(_report({"cpu": _state(itvl_ms=200.0)}, budget=0.25), 0.0, lambda n: None)
+    s.on_report(_report({"cpu": _state(itvl_ms=150.0)}, budget=0.25), 0.0, lambda n: None)
     delay = s.plan.detail_delay_s["cpu"]
     assert delay < 1.0  # several bursts a second are planned
     due = s.scheduler.due["cpu"]
@@ -158,3 +158,18 @@ def test_between_reports_the_next_burst_is_requested_when_due():
     gaps = [b - a for a, b in itertools.pairwise(requests)]
     assert len(gaps) >= 4
     assert sum(gaps) / len(gaps) == pytest.approx(max(delay, 0.2), rel=0.35)
+
+
+def test_a_budget_change_replans_at_once_and_the_plan_says_its_budget():
+    s = _schedule()
+    assert s.set_budget(0.01, now=0.0) is None  # nothing measured yet: the agent plans on its own
+    s.on_report(_report(budget=0.0001, samples=1, sample_s=0.0002), now=0.0, priorities=lambda n: None)
+    slow = s.timings()
+    assert slow["budget"] == 0.0001
+    timings = s.set_budget(0.05, now=1.0)
+    assert timings is not None and timings["budget"] == 0.05
+    expected = plan(0.05, 0.0002, 0.001)
+    assert timings["sample_delay_s"] == pytest.approx(expected.sample_delay_s)
+    assert timings["sample_delay_s"] < slow["sample_delay_s"] / 100
+    # The body goes out with the budget, and the agent accepts it.
+    protocol.decode(protocol.encode(protocol.CONFIGURE, {"budget": 0.05, "plan": timings}), protocol.AGENT_ACCEPTS)

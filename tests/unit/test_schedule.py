@@ -178,12 +178,12 @@ def test_fit_interval_shortens_a_burst_to_what_the_guard_can_save():
 def test_sampling_share_it_cannot_use_goes_to_detailing():
     p = ProfletCosts("cpu", ovhd_ms=1.0, slow=3.0, itvl_ms=500.0, prty=0.5)
     free = plan(0.25, 10e-6, 1e-3, [p], min_sample_delay_s=0.002)
-    # 10 us samples at a 2 ms floor spend 0.5% of the 11.25% sampling share.
+    # 25% is 20% of wall time. 10 us samples at a 2 ms floor spend 0.5% of the 9% sampling share.
     assert free.sample_delay_s == pytest.approx(0.002)
-    assert free.detail_share["cpu"] == pytest.approx(0.5 + (0.1125 - 0.005) / 0.25)
+    assert free.detail_share["cpu"] == pytest.approx(0.5 + (0.09 - 0.005) / 0.2)
     # Behind a busy thread samples start 3 ms late on average: sampling spends even less.
     gil = plan(0.25, 10e-6, 1e-3, [p], sample_lag_s=0.003, min_sample_delay_s=0.002)
-    assert gil.detail_share["cpu"] == pytest.approx(0.5 + (0.1125 - 0.002) / 0.25)
+    assert gil.detail_share["cpu"] == pytest.approx(0.5 + (0.09 - 0.002) / 0.2)
     # With no proflet to pass it to, the share stays where it was.
     assert plan(0.25, 10e-6, 1e-3).detail_share == {}
 

@@ -138,3 +138,42 @@ def test_guard_with_token():
         assert _get(f"{bare}api/processes", Cookie="dyper_token=s3cret")[0] == 200
 
     _serve("s3cret", check)
+
+
+def test_the_call_tree_of_a_whole_service_merges_its_processes():
+    from agent import protocol
+    from tests.unit.test_services import hello, report
+
+    def check_with(monitor: Monitor):  # type: ignore[no-untyped-def]
+        def check(url: str, port: int) -> None:
+            base = f"http://127.0.0.1:{port}/api/"
+            status, body = _get(f"{base}summary?pid=100&window=")
+            assert status == 200, body
+            assert json.loads(body)["service"]["processes"] == 3
+            one = json.loads(_get(f"{base}flame?pid=100&window=")[1])
+            merged = json.loads(_get(f"{base}flame?pid=100&window=&service=1")[1])
+            assert one["tree"][2] == 3  # the master alone
+            assert merged["tree"][2] == 3 + 30 + 60
+            assert any(f[0] == "handle" for f in merged["frames"])
+
+        return check
+
+    async def main() -> None:
+        monitor = Monitor("tcp://127.0.0.1:0")
+        for pid, ppid, start, work, n in ((100, 1, 10.0, "idle", 1), (101, 100, 11.0, "handle", 10),
+                                          (102, 100, 11.5, "handle", 20)):  # fmt: skip
+            h = hello(pid, ppid, start)
+            ident = h["agent"].encode()
+            monitor.handle(ident, protocol.encode(protocol.HELLO, h))
+            for seq in range(1, 4):
+                monitor.handle(
+                    ident, protocol.encode(protocol.REPORT, report(h["agent"], work, n, t=1000.0 + seq, seq=seq))
+                )
+        dashboard = Dashboard(monitor, "127.0.0.1", 0, None)
+        await dashboard.start()
+        try:
+            await asyncio.to_thread(check_with(monitor), "", dashboard.port)
+        finally:
+            await dashboard.close()
+
+    asyncio.run(main())

@@ -401,7 +401,9 @@
     var facts = clear(document.getElementById("facts"));
     [["Python", info.python], ["samples", fmtInt(info.samples)], ["sampling passes/s", fmtNum(s.samples_per_s, 1)],
      ["reports", fmtInt(info.reports)], ["scheduler", info.spending && info.spending.scheduler],
-     ["detailing bursts", fmtInt(s.bursts)], ["last report", ago(info.last_report)]].forEach(function (f) {
+     ["detailing bursts", fmtInt(s.bursts)], ["last report", ago(info.last_report)],
+     ["service", s.service && s.service.processes > 1 ? s.service.name + " · " + s.service.processes + " processes" : ""]
+    ].forEach(function (f) {
       if (f[1] !== undefined && f[1] !== "") facts.appendChild(h("span", null, f[0] + " ", h("b", { text: f[1] })));
     });
     var w = s.window;
@@ -600,8 +602,18 @@
     metric.addEventListener("change", function () { state.flameMetric = metric.value; loadFlame(); });
     var search = h("input", { type: "search", id: "flame-search", placeholder: "search function or file, /regex/", size: 30 });
     search.addEventListener("input", function () { if (state.flame) state.flame.search(search.value); });
+    // A pre-fork master and its workers: the call tree may merge the whole service.
+    var svc = state.summary && state.summary.service;
+    var whole = null;
+    if (svc && svc.processes > 1) {
+      var box = h("input", { type: "checkbox", id: "flame-service" });
+      box.checked = !!state.flameService;
+      box.addEventListener("change", function () { state.flameService = box.checked; loadFlame(); });
+      whole = h("label", { class: "inline", title: "merge the call trees of pids " + svc.pids.join(", ") },
+        box, "whole service (" + svc.processes + " processes)");
+    }
     body.appendChild(h("div", { class: "card" },
-      h("div", { class: "flame-tools" }, metric, search,
+      h("div", { class: "flame-tools" }, metric, whole, search,
         h("button", { class: "btn", text: "reset zoom", onclick: function () { if (state.flame) state.flame.reset(); } }),
         h("button", { class: "btn", text: "refresh", onclick: loadFlame }),
         h("span", { class: "flame-status", id: "flame-status" })),
@@ -616,7 +628,7 @@
     if (!box) return;
     var q = "api/flame?pid=" + state.pid + "&window=" + encodeURIComponent(state.windowText) +
       "&metric=" + (state.flameMetric || "cpu") + (state.start ? "&start_time=" + state.start : "") +
-      (state.compare ? "&base=" + encodeURIComponent(state.compare) : "");
+      (state.compare ? "&base=" + encodeURIComponent(state.compare) : "") + (state.flameService ? "&service=1" : "");
     api(q).then(function (data) {
       var legend = document.getElementById("flame-legend");
       legend.innerHTML = "";

@@ -55,12 +55,14 @@ def main():
     args = sys.argv[1:]
     seconds = float(args[0]) if args and not args[0].startswith("-") else 3600.0
     heartbeat = args[args.index("--heartbeat") + 1] if "--heartbeat" in args else None
-    print("ready", flush=True)
     if "--main-sleeps" in args:
         t = threading.Thread(target=loop, args=(seconds, heartbeat), name="worker", daemon=True)
         t.start()
+        # Ready once the worker exists: a probe taken right after must see the same threads as one taken later.
+        print("ready", flush=True)
         time.sleep(seconds)
     else:
+        print("ready", flush=True)
         loop(seconds, heartbeat)
 
 
