@@ -51,7 +51,7 @@ from agent.budget import (
     plan,
 )
 from agent.proflet import Collector, DetailContext, ReportContext
-from agent.schedule import CALIBRATION_ALPHA, BurstCost, DetailScheduler, calibrate, combine, fit_interval
+from agent.schedule import CALIBRATION_ALPHA, BurstCost, DetailScheduler, calibrate, combine, fit_interval, share_time
 from agent.tables import UNDECIDED, WAITS, Tables, forget_decoded
 
 _fast: Any
@@ -1200,7 +1200,13 @@ class Agent:
         # wait for their price to accrue (five seconds at half the bucket), and
         # a run of a few seconds would end before any could start; smaller
         # ones, more often, spend the same share sooner.
-        return fit_interval(self.kind_costs[name][kind], self.guard.rate * BURST_BUDGET_S)
+        kinds = self.kind_costs[name]
+        fitted = [fit_interval(c, self.guard.rate * BURST_BUDGET_S) for c in kinds.values()]
+        if len(fitted) > 1:
+            # Kinds that take turns: the cheap ones are kept short enough for
+            # the dear ones to spend the share the current plan gives.
+            fitted = share_time(fitted, self.plan.detail_share.get(name, 0.0) * self.guard.rate)
+        return fitted[list(kinds).index(kind)]
 
     def _burst_price_s(self, name: str) -> float:
         """What a burst must find in the guard before it starts: its COST, and

@@ -91,7 +91,7 @@ def test_a_clump_just_past_a_cheap_reservation_does_not_end_the_burst(rig: tuple
     agent, proflet, clock = rig
     _start_a_burst(agent, clock)
     burst = agent._bursts["clumpy"]
-    assert burst.end - burst.start == pytest.approx(1.0)  # the cheap kind's length, not the dear one's
+    assert burst.end - burst.start > 0.5  # the cheap kind's length (about 1 s), not the dear one's (0.2 s)
     # Twice the reservation (a millisecond), but within the slack: the burst goes on.
     proflet.lost_s = 2 * burst.reserved_s
     assert proflet.lost_s < agent.guard.rate * BURST_SLACK_S
@@ -105,3 +105,20 @@ def test_a_clump_just_past_a_cheap_reservation_does_not_end_the_burst(rig: tuple
     assert "clumpy" not in agent._bursts
     done = agent._details_done[-1]
     assert done["slowdown_s"] == pytest.approx(proflet.lost_s)
+
+
+def test_at_a_high_budget_the_cheap_kind_is_shortened_so_the_dear_one_can_spend() -> None:
+    def cheap_and_dear_ms(budget: float) -> tuple[float, float]:
+        agent = Agent("inproc://burst-limits-share", budget, clock=Clock(), proflets=(Clumpy(),))
+        try:
+            agent._start_collectors()
+            return agent._burst_costs("clumpy", "cheap").itvl_ms, agent._burst_costs("clumpy", "dear").itvl_ms
+        finally:
+            for fd in (agent._wake_r, agent._wake_w):
+                os.close(fd)
+
+    cheap_low, dear_low = cheap_and_dear_ms(0.01)
+    cheap_high, dear_high = cheap_and_dear_ms(0.25)
+    assert cheap_low == 1000.0  # at 1% the declared length: the pair cannot spend the share faster anyway
+    assert dear_high == 200.0 and dear_low < dear_high  # (at 1%, what one second of budget buys)
+    assert cheap_high < 0.6 * cheap_low

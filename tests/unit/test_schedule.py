@@ -7,7 +7,16 @@ import random
 import pytest
 
 from agent.budget import ProfletCosts, cost, plan
-from agent.schedule import BurstCost, DetailQueue, DetailScheduler, calibrate, combine, compatible, fit_interval
+from agent.schedule import (
+    BurstCost,
+    DetailQueue,
+    DetailScheduler,
+    calibrate,
+    combine,
+    compatible,
+    fit_interval,
+    share_time,
+)
 
 ALLOWS = {
     "cpu": frozenset({"memory"}),
@@ -215,3 +224,31 @@ def test_the_first_burst_comes_within_its_first_period():
         firsts.append(s.due["cpu"] - 100.0)
     assert min(firsts) >= 1.0 and max(firsts) <= 10.0
     assert sum(firsts) / len(firsts) == pytest.approx(5.5, rel=0.1)
+
+
+def test_share_time_shortens_the_cheap_kind_so_the_dear_one_can_spend_the_share():
+    calls = ProfletCosts("cpu", 0.5, 0.02, 2000.0, 0.5)  # loses 2% of its length
+    lines = ProfletCosts("cpu", 0.5, 3.0, 267.0, 0.5)  # loses 75%
+    rate = 0.12  # the proflet's share: 120 ms of the process's time per wall second
+    short_calls, same_lines = share_time([calls, lines], rate, fill=0.5)
+    assert same_lines == lines
+    assert 250.0 < short_calls.itvl_ms < 2000.0
+    # one burst of each kind, in turn, now spends rate / fill per second
+    spent = (cost(short_calls) + cost(lines)) / (short_calls.itvl_ms + lines.itvl_ms)
+    assert spent == pytest.approx(rate / 0.5)
+    # before, the 2-s call burst kept the pair well short of it
+    assert (cost(calls) + cost(lines)) / (calls.itvl_ms + lines.itvl_ms) < 0.6 * rate / 0.5
+
+
+def test_share_time_leaves_kinds_alone_at_a_low_share_and_keeps_a_floor():
+    calls = ProfletCosts("cpu", 0.5, 0.02, 2000.0, 0.5)
+    lines = ProfletCosts("cpu", 0.5, 3.0, 63.0, 0.5)
+    assert share_time([calls, lines], 0.01) == [calls, lines]  # at 5%: L would be past 2 s
+    # a share the dear kind cannot fill even back to back: the cheap one goes to the floor
+    floored, _ = share_time([calls, lines], 0.3, fill=0.5, min_itvl_ms=250.0)
+    assert floored.itvl_ms == 250.0
+    # one kind, or all kinds cheap: nothing to gain by shortening
+    assert share_time([calls], 0.5) == [calls]
+    assert share_time([calls, calls], 0.5) == [calls, calls]
+    assert share_time([calls, lines], 0.5, fill=0.5) == [calls, lines]  # lines lose 75% < 100%: cheap too
+    assert share_time([calls, lines], 0.0) == [calls, lines]
