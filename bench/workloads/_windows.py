@@ -3,7 +3,11 @@
     python bench/workloads/_windows.py WORKLOAD SECONDS OUT
 
 WORKLOAD is cpu-1 (one thread), cpu-4 (four threads contending for the GIL) or
-alloc, each the unit of the script of that name in this folder. The process
+alloc, each the unit of the script of that name in this folder, or one of the
+pyperformance benchmarks raytrace, richards, deltablue, nbody and json_dumps
+(``pip install -r bench/requirements.txt``): its unit is one loop of the function
+its script hands to pyperf, made smaller for raytrace and nbody (see
+PYPERF_ARGS) so that a window of a few seconds holds many units. The process
 prints ``ready`` after its first units, works for SECONDS (or until a SIGTERM), then writes OUT:
 
     {"threads": [[t, t, ...], ...], "gc_collections": [g0, g1, g2]}
@@ -19,15 +23,19 @@ the record does not change the work it records.
 
 from __future__ import annotations
 
+import argparse
 import gc
 import json
 import os
+import runpy
 import signal
 import sys
 import threading
 import time
 from array import array
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -41,6 +49,55 @@ WORKLOADS: dict[str, tuple[Callable[[], object], int]] = {
 }
 
 
+#: Arguments for a pyperformance benchmark's own options: smaller units than its defaults
+#: (raytrace at 100x100 takes about half a second per loop here, nbody's 20,000 steps 0.2 s).
+PYPERF_ARGS: dict[str, list[str]] = {
+    "raytrace": ["--width", "40", "--height", "40"],
+    "nbody": ["--iterations", "2000"],
+    "richards": [],
+    "deltablue": [],
+    "json_dumps": [],
+}
+
+
+def pyperformance_unit(name: str) -> Callable[[], object]:
+    """One loop of the function a pyperformance benchmark's script hands to ``pyperf.Runner``.
+
+    The script runs as ``__main__`` with a stand-in Runner that records the
+    function and its arguments instead of timing them: the benchmark's own
+    set-up, untouched, and no pyperf worker processes.
+    """
+    import pyperf
+    import pyperformance
+
+    script = Path(pyperformance.__file__).parent / "data-files" / "benchmarks" / f"bm_{name}" / "run_benchmark.py"
+    found: list[Callable[[], object]] = []
+
+    class Recorder:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self.argparser = argparse.ArgumentParser(prog=name)
+            self.metadata: dict[str, Any] = {}
+
+        def parse_args(self, args: Any = None) -> argparse.Namespace:
+            return self.argparser.parse_args(PYPERF_ARGS[name])
+
+        def bench_func(self, _name: str, func: Callable[..., object], *args: Any, **kwargs: Any) -> None:
+            found.append(lambda: func(*args))
+
+        def bench_time_func(self, _name: str, func: Callable[..., object], *args: Any, **kwargs: Any) -> None:
+            found.append(lambda: func(1, *args))  # loops=1: one unit per call
+
+    real, pyperf.Runner = pyperf.Runner, Recorder
+    argv, sys.argv = sys.argv, [str(script)]
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    finally:
+        pyperf.Runner, sys.argv = real, argv
+    if not found:
+        raise SystemExit(f"{script} handed pyperf no function")
+    return found[0]
+
+
 def work(unit: Callable[[], object], stamps: array, until: list[float]) -> None:
     clock = time.perf_counter
     now = clock()
@@ -51,10 +108,10 @@ def work(unit: Callable[[], object], stamps: array, until: list[float]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 3 or argv[0] not in WORKLOADS:
+    if len(argv) != 3 or argv[0] not in {*WORKLOADS, *PYPERF_ARGS}:
         print(__doc__, file=sys.stderr)
         return 2
-    unit, nthreads = WORKLOADS[argv[0]]
+    unit, nthreads = WORKLOADS[argv[0]] if argv[0] in WORKLOADS else (pyperformance_unit(argv[0]), 1)
     seconds, out = float(argv[1]), argv[2]
     for _ in range(3):  # warm: the first units fill caches and the specializer's counters
         unit()
