@@ -1202,10 +1202,9 @@ class Agent:
         # ones, more often, spend the same share sooner.
         kinds = self.kind_costs[name]
         fitted = [fit_interval(c, self.guard.rate * BURST_BUDGET_S) for c in kinds.values()]
-        if len(fitted) > 1:
-            # Kinds that take turns: the cheap ones are kept short enough for
-            # the dear ones to spend the share the current plan gives.
-            fitted = share_time(fitted, self.plan.detail_share.get(name, 0.0) * self.guard.rate)
+        # Kinds that take turns: the cheap ones are kept short enough for the
+        # dear ones to spend the share the current plan gives (one kind: as is).
+        fitted = share_time(fitted, self.plan.detail_share.get(name, 0.0) * self.guard.rate)
         return fitted[list(kinds).index(kind)]
 
     def _burst_price_s(self, name: str) -> float:
