@@ -810,8 +810,15 @@ class Agent:
             # delays are 5 s and 30 s, and taken where slower than ours they
             # would hold a raised budget unspent until its next plan.
             self._monitor_plan = None
+        lower = budget < self.budget
         self.budget = budget
-        self.guard.set_budget(budget, self.clock())
+        now = self.clock()
+        self.guard.set_budget(budget, now)
+        if lower:
+            # A running burst was sized and reserved for the old budget: left
+            # to run, it spends under the new one what only the old allowed.
+            for name in list(self._bursts):
+                self._stop_burst(name, now)
         self._replan()
 
     def _under_ceiling(self, budget: float) -> float:

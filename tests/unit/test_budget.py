@@ -108,6 +108,21 @@ def test_guard_cannot_save_up_more_than_its_capacity():
     assert g.wait_needed(3600.0) == pytest.approx(0.01 * 101)
 
 
+def test_a_debt_takes_no_longer_to_repay_after_the_budget_is_lowered():
+    g = Guard(0.25, 0.0)
+    g.charge(0.2, 0.0)  # an overrun settled after the fact: 0.2 s in debt
+    before = g.wait_needed(0.0)
+    assert before == pytest.approx(0.2 / wall_share(0.25))
+    g.set_budget(0.0001, 0.0)  # 0.2 s at 0.01% would take half an hour
+    assert g.wait_needed(0.0) == pytest.approx(before)
+    assert g.tokens(0.0) == pytest.approx(-0.2 * wall_share(0.0001) / wall_share(0.25))
+    # savings above the new, smaller capacity are dropped
+    g = Guard(0.25, 0.0)
+    g.tokens(100.0)
+    g.set_budget(0.01, 100.0)
+    assert g.tokens(100.0) == pytest.approx(wall_share(0.01) * g.capacity_s)
+
+
 def test_guard_prepays_the_expected_cost():
     g = Guard(0.01, 0.0)
     assert g.wait_needed(0.0, expected_s=0.001) == pytest.approx(0.101)

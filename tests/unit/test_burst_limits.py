@@ -51,6 +51,9 @@ class Clumpy(Collector):
     def slowdown_s(self) -> float:
         return self.lost_s
 
+    def stop_detail(self) -> dict[str, Any]:
+        return {"slowdown_s": self.lost_s}
+
 
 class Clock:
     def __init__(self) -> None:
@@ -126,3 +129,17 @@ def test_at_a_high_budget_the_cheap_kind_is_shortened_so_the_dear_one_can_spend(
     assert cheap_low == 1000.0  # at 1% the declared length: the pair cannot spend the share faster anyway
     assert dear_high == 200.0 and dear_low < dear_high  # (at 1%, what one second of budget buys)
     assert cheap_high < 0.6 * cheap_low
+
+
+def test_a_lower_budget_ends_the_running_burst_and_a_higher_one_does_not(rig: tuple[Agent, Clumpy, Clock]) -> None:
+    agent, proflet, clock = rig
+    _start_a_burst(agent, clock)
+    burst = agent._bursts["clumpy"]
+    clock.t += 0.1 * (burst.end - burst.start)
+    agent._apply_budget(2 * BUDGET)
+    assert agent._bursts.get("clumpy") is burst  # sized for less than it may now spend: it goes on
+    proflet.lost_s = 0.001
+    agent._apply_budget(BUDGET / 50)
+    # Sized and reserved for the old budget: it ends now, charged what it cost so far.
+    assert "clumpy" not in agent._bursts
+    assert agent._details_done[-1]["slowdown_s"] == pytest.approx(0.001)
