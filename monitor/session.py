@@ -556,6 +556,11 @@ class Session:
             # Bursts that counted lines slowed the candidates, and with them
             # how often they are called: rates come from the call-only bursts.
             return
+        # The seconds of the application's own time the counts cover (a burst's
+        # slowdown makes everything in it run less often), from agents that say.
+        counted = burst.get("counted_s")
+        if not isinstance(counted, int | float) or not 0 < counted <= length:
+            counted = length
         for row in burst.get("functions") or ():
             try:
                 file, name, line, n = str(row[0]), str(row[1]), int(row[2]), int(row[3])
@@ -563,7 +568,7 @@ class Session:
                 continue
             slot = self.calls.setdefault((file, name, line), [0.0, 0.0])
             slot[0] += n
-            slot[1] += float(length)
+            slot[1] += float(counted)
 
     def calls_per_s(self) -> dict[tuple[str, str, int], float]:
         """Call rates of the functions cpu detailing has counted (calls / seconds counted)."""

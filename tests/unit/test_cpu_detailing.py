@@ -279,3 +279,42 @@ def test_a_calibration_above_the_loss_is_left_as_it_is() -> None:
     if sys.version_info >= (3, 12):
         assert len(collector._loss_ratios) == 3 and max(collector._loss_ratios) < 1.0
         assert results[-1]["loss_factor"] == 1.0
+
+
+def _spin(stop: Any) -> None:
+    n = 0
+    while not stop.is_set():
+        for i in range(1000):  # no Python calls: yappi sees none of this
+            n += i & 7
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="yappi is the 3.11 path; 3.12+ hooks the candidates only")
+def test_a_yappi_burst_is_charged_its_slow_path_under_code_that_calls_nothing() -> None:
+    import threading
+
+    collector = CpuCollector()
+    collector.explicit = True  # yappi on 3.11 is opt-in
+    collector.prepare()
+    # 3.11's tracing path runs every instruction unspecialised: about half the
+    # time of a call-free loop here; a per-call cost alone would charge it nothing.
+    assert 0.2 < collector._yappi_loss <= 0.8, collector._yappi_loss
+    stop = threading.Event()
+    spinner = threading.Thread(target=_spin, args=(stop,))
+    spinner.start()
+    try:
+        collector.start_detail(DetailContext([hot.__code__], 1.0))
+        time.sleep(0.4)  # the agent's thread idles; the spinner runs bytecode all along
+        assert collector.slowdown_s() > 0.0  # known while the burst runs, so an overrun can end it
+        busy = collector.stop_detail()
+        collector.start_detail(DetailContext([hot.__code__], 1.0))
+    finally:
+        stop.set()
+        spinner.join()
+    time.sleep(0.4)  # nothing runs
+    idle = collector.stop_detail()
+    collector.close()
+    # The spinner held the GIL for most of the burst: at least half of it is charged at the loss.
+    assert busy["slowdown_s"] >= 0.5 * collector._yappi_loss * busy["length_s"], busy
+    assert busy["counted_s"] == pytest.approx(busy["length_s"] - busy["slowdown_s"])
+    assert idle["slowdown_s"] < 0.1 * idle["length_s"], idle  # an idle process loses next to nothing
+    assert idle["counted_s"] > 0.9 * idle["length_s"]

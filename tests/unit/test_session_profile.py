@@ -162,3 +162,22 @@ def test_bad_saved_profiles_are_refused(tmp_path, doc):
     path.write_text(json.dumps(doc))
     with pytest.raises(ValueError):
         Profile.load(path)
+
+
+def test_call_rates_divide_by_the_application_time_a_burst_covered():
+    # A burst that slowed the application (yappi's slow path on 3.11) counts
+    # fewer calls for its length; the agent says how much of the application's
+    # time the counts cover, and the rate divides by that.
+    report = make_report([(7, 3, [1, 0])])
+    report["details"] = [
+        {"proflet": "cpu", "t": 1000.0, "length_s": 2.0, "slowdown_s": 1.0, "counted_s": 1.0,
+         "functions": [["/app/app.py", "f", 10, 100]], "lines": [], "lines_counted": False},
+        # from an agent that does not say, or says something impossible: the length stands
+        {"proflet": "cpu", "t": 1000.0, "length_s": 1.0, "slowdown_s": 0.0,
+         "functions": [["/app/app.py", "g", 20, 30]], "lines": [], "lines_counted": False},
+        {"proflet": "cpu", "t": 1000.0, "length_s": 1.0, "slowdown_s": 0.0, "counted_s": 5.0,
+         "functions": [["/app/app.py", "g", 20, 30]], "lines": [], "lines_counted": False},
+    ]  # fmt: skip
+    rates = session_with(report).calls_per_s()
+    assert rates[("/app/app.py", "f", 10)] == pytest.approx(100.0)
+    assert rates[("/app/app.py", "g", 20)] == pytest.approx(30.0)
