@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from agent.budget import ProfletCosts
 from agent.proflet import Collector, DetailContext
-from proflets.base import Analyzer, Status, confidence_of, paired_best
+from proflets.base import Analyzer, Status, YappiCharge, confidence_of, paired_best
 
 if TYPE_CHECKING:
     from monitor.profile import Metric, Profile
@@ -166,9 +166,6 @@ LOSS_MIN_CALLS = 20
 LOSS_FACTOR_MAX = 4.0
 
 
-#: The most of the application's time a yappi burst is taken to lose (3.11's
-#: slow path measured about half here); more is a disturbed calibration.
-YAPPI_LOSS_MAX = 0.8
 #: A burst's counts cover at least this share of its length, however large its charge.
 COUNTED_MIN = 0.25
 
@@ -317,11 +314,8 @@ class CpuCollector(Collector):
         self._event_cost_s: float | None = None
         #: the same for native bursts' clocked events (calls and returns, a clock read each)
         self._native_cost_s: float | None = None
-        #: 3.11: the share of bytecode's time yappi's slow path costs (see _calibrate_yappi),
-        #: and the clocks at a yappi burst's start
-        self._yappi_loss = 0.0
-        self._agent_thread = 0
-        self._cpu_started = self._thread_cpu_started = 0.0
+        #: 3.11: what a yappi burst costs (its calls, and the slow path under everything)
+        self._yappi = YappiCharge(builtins=False)
         #: this burst times the candidates and their C calls (3.12+, with the line counts)
         self._native = False
         self._started = 0.0
@@ -361,7 +355,7 @@ class CpuCollector(Collector):
     def prepare(self) -> None:
         """Calibrate the cost of an event on the thread that starts the agent (see Collector.prepare)."""
         if not self._monitoring:
-            self._event_cost_s = self._calibrate_yappi()
+            self._calibrate_yappi()
             return
         self._tool = self._claim_tool()
         try:
@@ -442,19 +436,7 @@ class CpuCollector(Collector):
 
     # --- 3.11: yappi for the burst -----------------------------------------------------
 
-    def _calibrate_yappi(self) -> float:
-        """The cost of a call under yappi, and (in ``_yappi_loss``) the share of plain bytecode's time it costs.
-
-        A profile function on 3.11 turns on the eval loop's tracing path for
-        every thread it is set on: each instruction goes through a check and
-        runs unspecialised, whether or not it calls anything. On the planted
-        threads that halved the spinners' speed and the paced call rate came
-        out at 0.53 to 0.65 of the truth: a per-call cost alone charged a loop
-        without calls nothing. So two figures: the share of a call-free loop's
-        time lost, and what a call costs beyond that.
-        """
-        import yappi
-
+    def _calibrate_yappi(self) -> None:
         def leaf() -> None:
             pass
 
@@ -462,34 +444,8 @@ class CpuCollector(Collector):
             for _ in range(500):
                 leaf()
 
-        def start() -> None:
-            yappi.start(builtins=False, profile_threads=False)
-
-        try:
-            plain_loop, hooked_loop = paired_best(3, lambda: _calibration_target(2000), start, yappi.stop)
-            plain, hooked = paired_best(3, calls, start, yappi.stop)
-        finally:
-            yappi.clear_stats()
-        loss = max(0.0, 1.0 - plain_loop / hooked_loop) if hooked_loop > 0 else 0.0
-        self._yappi_loss = min(YAPPI_LOSS_MAX, loss)
-        # The calls' own loop ran on the slow path too: take that part off.
-        return max(0.0, hooked - plain / (1.0 - self._yappi_loss)) / 500
-
-    def _yappi_slowdown(self, events: int) -> float:
-        """What a yappi burst has cost the application so far: its calls, and the slow path under all its bytecode.
-
-        The slow path costs ``_yappi_loss`` of the time the application's
-        threads ran (the process's CPU time less the agent's own thread; at most
-        the burst's length, since bytecode runs under one GIL). C code in that
-        time is charged as if it were bytecode: an overcharge, on the safe side.
-        """
-        length = time.perf_counter() - self._started
-        busy = time.process_time() - self._cpu_started
-        if threading.get_ident() == self._agent_thread:
-            busy -= time.thread_time() - self._thread_cpu_started
-        calls = events * (self._event_cost_s or 0.0)
-        busy = min(max(busy, calls), length)
-        return calls + self._yappi_loss * (busy - calls)
+        self._yappi.calibrate(calls, 500)
+        self._event_cost_s = self._yappi.per_call_s
 
     # --- hooks ----------------------------------------------------------------------
 
@@ -536,13 +492,11 @@ class CpuCollector(Collector):
         else:
             import yappi
 
-            if self._event_cost_s is None:
-                self._event_cost_s = self._calibrate_yappi()
+            if self._yappi.per_call_s is None:
+                self._calibrate_yappi()
             yappi.set_clock_type("wall")
             yappi.clear_stats()
-            self._agent_thread = threading.get_ident()
-            self._thread_cpu_started = time.thread_time()
-            self._cpu_started = time.process_time()
+            self._yappi.started()
             yappi.start(builtins=False, profile_threads=True)
         self._started = time.perf_counter()
 
@@ -587,7 +541,7 @@ class CpuCollector(Collector):
             # yappi's stats cost a walk over every function seen: too dear to
             # read during the burst, so its calls are charged at the end; the
             # slow path under every instruction is the larger part, and it is known now.
-            return self._yappi_slowdown(0)
+            return self._yappi.slowdown_s(0)
         return self._charged(self._counter)
 
     def stop_detail(self) -> dict[str, Any]:
@@ -601,7 +555,7 @@ class CpuCollector(Collector):
             self._measure_loss(calls, length, self._calibrated(counter))
         else:
             calls, lines, events = self._stop_yappi()
-            slowdown = self._yappi_slowdown(events)
+            slowdown = self._yappi.slowdown_s(events)
         result: dict[str, Any] = {
             "length_s": length,
             "slowdown_s": slowdown,

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from agent import procfs
 from agent.proflet import Collector, DetailContext, ReportContext
 from agent.protocol import LOC_AGENT, LOC_BLOCKING, LOC_IO
-from proflets.base import Analyzer, ReportView, Status, confidence_of, paired_best
+from proflets.base import Analyzer, ReportView, Status, YappiCharge, confidence_of, paired_best
 
 if TYPE_CHECKING:
     from monitor.session import Window
@@ -412,6 +412,8 @@ class IoCollector(Collector):
         self._codes: list[CodeType] = []
         self._yappi = False
         self._call_cost_s: float | None = None
+        #: 3.11: what a yappi burst costs (its calls, and the slow path under everything)
+        self._yappi_charge = YappiCharge(builtins=True, margin=CALL_COST_MARGIN)
         self._started = 0.0
         #: when the threads' counters were read at the burst's start, and what they said
         self._threads_read = 0.0
@@ -636,35 +638,30 @@ class IoCollector(Collector):
         self._codes = []
         mon.free_tool_id(tool)
 
-    def _calibrate_yappi(self) -> float:
-        import yappi
-
-        n = 300
-        try:
-            plain, hooked = paired_best(
-                3, lambda: _calibration_target(n), lambda: yappi.start(builtins=True, profile_threads=False), yappi.stop
-            )
-        finally:
-            yappi.clear_stats()
-        return CALL_COST_MARGIN * max(0.0, hooked - plain) / n
-
     def _start_yappi(self) -> None:
         import yappi
 
         if self._call_cost_s is None:
-            self._call_cost_s = self._calibrate_yappi()
+            n = 300
+            self._yappi_charge.calibrate(lambda: _calibration_target(n), n)
+            self._call_cost_s = self._yappi_charge.per_call_s
         yappi.set_clock_type("wall")
         yappi.clear_stats()
+        self._yappi_charge.started()
         yappi.start(builtins=True, profile_threads=True)
         self._yappi = True
 
     def slowdown_s(self) -> float:
-        # yappi's stats cost a walk over every function seen: its slowdown is reckoned at the end.
+        if self._yappi:
+            # yappi's stats cost a walk over every function seen: its calls are
+            # charged at the end; the slow path under everything is known now.
+            return self._yappi_charge.slowdown_s(0)
         counter = self._counter
         return counter.total() * (self._call_cost_s or 0.0) if counter is not None else 0.0
 
     def stop_detail(self) -> dict[str, Any]:
         length = time.perf_counter() - self._started
+        slowdown = 0.0
         counted = False
         calls: list[int] = []
         seconds: list[float] = []
@@ -675,9 +672,11 @@ class IoCollector(Collector):
             counter, self._counter = self._counter, None
             calls, seconds, timed = counter.calls, counter.seconds, counter.timed
             events, counted = counter.total(), True
+            slowdown = events * (self._call_cost_s or 0.0)
         elif self._yappi:
             calls, seconds, timed, events = self._stop_yappi()
             counted = True
+            slowdown = self._yappi_charge.slowdown_s(events)
         sites = [
             [
                 s.code.co_filename,
@@ -701,7 +700,7 @@ class IoCollector(Collector):
         self._burst, self._threads_before = [], {}
         return {
             "length_s": length,
-            "slowdown_s": events * (self._call_cost_s or 0.0),
+            "slowdown_s": slowdown,
             "counted": counted,
             "call_cost_s": self._call_cost_s if counted else None,
             # [file, qualname, first line, line, routine, calls, seconds timed, calls timed]

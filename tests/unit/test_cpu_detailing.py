@@ -297,7 +297,7 @@ def test_a_yappi_burst_is_charged_its_slow_path_under_code_that_calls_nothing() 
     collector.prepare()
     # 3.11's tracing path runs every instruction unspecialised: about half the
     # time of a call-free loop here; a per-call cost alone would charge it nothing.
-    assert 0.2 < collector._yappi_loss <= 0.8, collector._yappi_loss
+    assert 0.2 < collector._yappi.loss <= 0.8, collector._yappi.loss
     stop = threading.Event()
     spinner = threading.Thread(target=_spin, args=(stop,))
     spinner.start()
@@ -314,7 +314,7 @@ def test_a_yappi_burst_is_charged_its_slow_path_under_code_that_calls_nothing() 
     idle = collector.stop_detail()
     collector.close()
     # The spinner held the GIL for most of the burst: at least half of it is charged at the loss.
-    assert busy["slowdown_s"] >= 0.5 * collector._yappi_loss * busy["length_s"], busy
+    assert busy["slowdown_s"] >= 0.5 * collector._yappi.loss * busy["length_s"], busy
     assert busy["counted_s"] == pytest.approx(busy["length_s"] - busy["slowdown_s"])
     assert idle["slowdown_s"] < 0.1 * idle["length_s"], idle  # an idle process loses next to nothing
     assert idle["counted_s"] > 0.9 * idle["length_s"]
