@@ -143,9 +143,11 @@ DETAIL_TICK_S: Final = 0.1
 #: or "all" for every registered one, :mod:`proflets`): with threads and
 #: timing on by default, short runs at low budgets sampled too little in CI,
 #: which is not yet understood. On 3.11 the cpu proflet can only detail
-#: through yappi, which hooks every call of every function; its slowdown of
-#: a call-heavy service measured up to 8 times what its per-call calibration
-#: charges (bench/overhead.py, service at 25%), so there it runs only when named.
+#: through yappi, which hooks every call of every function and puts every
+#: thread on the eval loop's slow path: a burst halves a busy process's speed.
+#: That is now charged (proflets.base.YappiCharge), so bursts are short and
+#: few, and their rates are rough (0.7 to 1.5 of the truth on the planted
+#: paced thread): there it runs only when named.
 DEFAULT_PROFLETS: Final = ("cpu",) if sys.version_info >= (3, 12) else ()
 #: Slots of the active-threads histogram (the last takes that many or more).
 ACTIVITY_SLOTS: Final = 65
