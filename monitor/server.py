@@ -24,11 +24,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import socket
 import time
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import psutil
 import zmq
 import zmq.asyncio
 
@@ -55,6 +57,23 @@ RESYNC_INTERVAL_S = 1.0
 #: How often the detailing queues are looked at between reports: bursts of a
 #: few hundred ms at a high budget are due a few times a second.
 SCHEDULE_TICK_MS = 100
+#: How often the monitor looks for local agents whose process died without a
+#: bye (SIGKILL, the OOM killer): until it did, such a session stayed
+#: "connected" for good, and `dyper top` showed a dead process as live.
+GONE_CHECK_S = 2.0
+
+
+def _alive(pid: int, start_time: float) -> bool:
+    """Whether process ``pid``, started at ``start_time`` (s since the epoch, to 0.01 s), still runs here."""
+    try:
+        created = psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:
+        return True  # cannot tell (a permission, say): not gone
+    # Both from /proc's start ticks and boot time; another process on the same pid started elsewhen.
+    return bool(abs(created - start_time) < 1.0)
+
 
 #: The receive loop lets the event loop run (sends, the ZAP handler, replies of
 #: queries run on threads) at least this often, however many frames wait.
@@ -209,7 +228,7 @@ class Monitor:
         pending = Received()
         if self.history is not None:
             self.history.busy = pending.__bool__  # the writer holds back while frames wait
-        ticked = 0.0
+        ticked = checked = 0.0
         try:
             while not stop.is_set():
                 if not pending:
@@ -222,6 +241,9 @@ class Monitor:
                     ticked = now
                     for reply in self._tick_schedules():
                         self._outbox.put_nowait(reply)
+                if now - checked >= GONE_CHECK_S:
+                    checked = now
+                    self.check_gone()
                 pending.fill(raw)
                 # Handle frames for a while, then let the rest of the loop run: the sends
                 # (replies, plans) and the ZAP handler must not wait for a whole backlog.
@@ -433,6 +455,25 @@ class Monitor:
             entry[1].connected = False
             self.schedules.pop(entry[1].agent_id, None)
             self._event("bye", {"pid": entry[0].pid, "reason": body.get("reason", "")})
+
+    def check_gone(self) -> list[int]:
+        """Mark this host's agents whose process is gone disconnected, as a bye would; their pids.
+
+        A process killed with SIGKILL (or by the OOM killer) sends no bye. Only
+        agents on this host are checked, by pid and start time (a reused pid is
+        another process); one that reports again is connected again, so a wrong
+        call (a pid namespace the monitor cannot see) costs nothing lasting.
+        """
+        host = socket.gethostname()
+        gone: list[int] = []
+        for session, state in list(self.by_agent.values()):
+            if not state.connected or session.key[0] != host or _alive(session.key[1], session.key[2]):
+                continue
+            state.connected = False
+            self.schedules.pop(state.agent_id, None)
+            gone.append(session.pid)
+            self._event("bye", {"pid": session.pid, "reason": "gone: the process ended without a bye (killed?)"})
+        return gone
 
     # --- queries and control from clients ---------------------------------------------
 

@@ -257,3 +257,21 @@ def test_collectors_that_raise_or_hang_are_switched_off_and_the_target_carries_o
     finally:
         stop(target)
         stop(control)
+
+
+def test_a_target_killed_without_a_bye_is_shown_as_gone(standing_monitor: StandingMonitor, tmp_path: Path) -> None:
+    target = subprocess.Popen(
+        [sys.executable, str(TARGETS / "rate.py"), str(tmp_path / "rates")],
+        env=child_env(standing_monitor.endpoint, 0.05),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert target.stdout is not None and target.stdout.readline().strip() == "ready"
+        wait_for(lambda: (s := standing_monitor.session(target.pid)) and s["connected"], what="the agent's hello")
+        target.kill()  # SIGKILL: the agent sends no bye
+        target.wait()
+        # The monitor looks every 2 s; a session left "connected" showed a dead process as live.
+        wait_for(lambda: not standing_monitor.session(target.pid)["connected"], timeout=15, what="the session gone")
+    finally:
+        stop(target)
