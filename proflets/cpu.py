@@ -30,7 +30,7 @@ from types import CodeType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from agent.budget import ProfletCosts
-from agent.proflet import Collector, DetailContext
+from agent.proflet import Collector, DetailContext, ReportContext
 from proflets.base import Analyzer, Status, YappiCharge, confidence_of, paired_best
 
 if TYPE_CHECKING:
@@ -220,6 +220,61 @@ def _native_calibration_target(n: int) -> int:
     return total
 
 
+def _thread_marks() -> tuple[float, dict[int, float]]:
+    """Now, and each thread's CPU seconds (by ident; the agent's own threads left out)."""
+    from proflets.threads import read_clocks
+
+    return time.perf_counter(), {ident: cpu for ident, (_, cpu) in read_clocks(0).items()}
+
+
+#: Marks of the threads' CPU time kept (reports and burst ends), and how long
+#: before a burst the one it uses must be, for a share to mean anything.
+MARKS_KEPT = 4
+MARKS_GAP_S = 0.25
+
+#: The most a thread's calls are taken to have been slowed by a yappi burst:
+#: a loop of tiny calls ran 40 times slower here; more is a thread that did
+#: next to nothing during the burst, where the ratio is noise.
+GAIN_MAX = 100.0
+
+
+def thread_gains(
+    before: tuple[float, dict[int, float]],
+    start: tuple[float, dict[int, float]],
+    end: tuple[float, dict[int, float]],
+    loss: float,
+    per_call_s: float,
+    calls: Mapping[int, int],
+) -> dict[int, float]:
+    """Per thread, how many times fewer calls it made during a yappi burst than it would have without.
+
+    yappi slows every thread, but whether a thread then calls its functions
+    less often depends on the thread. One whose work sets its pace (a loop,
+    or a share of a busy GIL) keeps its CPU share and gets less done with it;
+    one paced from outside (a timer, a queue) with time to spare spends more
+    CPU on the same calls. So: what a thread got done during the burst is its
+    CPU time there less its ``calls`` at ``per_call_s`` each, with the slow
+    path's ``loss`` taken off the rest; its gain is what its CPU share before
+    the burst would have got done in that time, over that, within 1 and
+    GAIN_MAX. ``before``, ``start`` and ``end`` are (wall time, CPU seconds by
+    thread ident) at the end of the previous burst, and at this one's start and
+    end. A thread with nothing to compare is left out.
+    """
+    (t0, cpu0), (t1, cpu1), (t2, cpu2) = before, start, end
+    gains: dict[int, float] = {}
+    if t1 - t0 < 0.05 or t2 - t1 <= 0:
+        return gains
+    for ident, c2 in cpu2.items():
+        if ident not in cpu1 or ident not in cpu0:
+            continue
+        share_before = (cpu1[ident] - cpu0[ident]) / (t1 - t0)
+        done = (c2 - cpu1[ident] - calls.get(ident, 0) * per_call_s) * (1.0 - loss)
+        if share_before <= 0 or done <= 0:
+            continue
+        gains[ident] = min(GAIN_MAX, max(1.0, share_before * (t2 - t1) / done))
+    return gains
+
+
 class PyCallCounter:
     """agent._fastsample.CallCounter in Python, for an agent without its C extension.
 
@@ -316,6 +371,14 @@ class CpuCollector(Collector):
         self._native_cost_s: float | None = None
         #: 3.11: what a yappi burst costs (its calls, and the slow path under everything)
         self._yappi = YappiCharge(builtins=False)
+        #: 3.11: each thread's CPU seconds at the last few reports and burst ends
+        #: outside bursts (the CPU shares before a burst), and when this one
+        #: began, with the wall times: see thread_gains
+        self._marks: deque[tuple[float, dict[int, float]]] = deque(maxlen=MARKS_KEPT)
+        self._burst_marks: tuple[float, dict[int, float]] | None = None
+        self._end_marks: tuple[float, dict[int, float]] | None = None
+        #: 3.11: every call yappi saw in the last burst, per thread ident
+        self._thread_calls: dict[int, int] = {}
         #: this burst times the candidates and their C calls (3.12+, with the line counts)
         self._native = False
         self._started = 0.0
@@ -356,6 +419,7 @@ class CpuCollector(Collector):
         """Calibrate the cost of an event on the thread that starts the agent (see Collector.prepare)."""
         if not self._monitoring:
             self._calibrate_yappi()
+            self._marks.append(_thread_marks())
             return
         self._tool = self._claim_tool()
         try:
@@ -449,6 +513,13 @@ class CpuCollector(Collector):
 
     # --- hooks ----------------------------------------------------------------------
 
+    def report(self, ctx: ReportContext) -> dict[str, Any] | None:
+        if not self._monitoring and self._burst_marks is None:
+            # 3.11: the threads' CPU shares outside bursts, for the next burst's
+            # rates (a thread started since the last burst is in them too).
+            self._marks.append(_thread_marks())
+        return None
+
     def burst_kinds(self) -> tuple[str, ...]:
         # Line bursts lose most of their length in a hot loop, call bursts
         # next to nothing: each kind is sized by its own cost.
@@ -496,6 +567,7 @@ class CpuCollector(Collector):
                 self._calibrate_yappi()
             yappi.set_clock_type("wall")
             yappi.clear_stats()
+            self._burst_marks = _thread_marks()
             self._yappi.started()
             yappi.start(builtins=False, profile_threads=True)
         self._started = time.perf_counter()
@@ -546,6 +618,7 @@ class CpuCollector(Collector):
 
     def stop_detail(self) -> dict[str, Any]:
         length = time.perf_counter() - self._started
+        counted_by: dict[CodeType, float] = {}
         if self._monitoring:
             self._release_tool()
             counter = self._counter
@@ -554,8 +627,9 @@ class CpuCollector(Collector):
             slowdown = self._charged(counter)
             self._measure_loss(calls, length, self._calibrated(counter))
         else:
-            calls, lines, events = self._stop_yappi()
+            calls, lines, events, per_thread = self._stop_yappi()
             slowdown = self._yappi.slowdown_s(events)
+            counted_by = self._counted_by_thread(per_thread, length, slowdown)
         result: dict[str, Any] = {
             "length_s": length,
             "slowdown_s": slowdown,
@@ -563,7 +637,10 @@ class CpuCollector(Collector):
             # is called less often (yappi halved the paced rate on 3.11), so the
             # rates divide by this. At most a fourfold correction.
             "counted_s": max(length - slowdown, COUNTED_MIN * length),
-            "functions": [[c.co_filename, c.co_qualname, c.co_firstlineno, n] for c, n in calls.items()],
+            "functions": [
+                [c.co_filename, c.co_qualname, c.co_firstlineno, n, *([counted_by[c]] if c in counted_by else [])]
+                for c, n in calls.items()
+            ],
             "lines": [[c.co_filename, c.co_qualname, c.co_firstlineno, line, n] for (c, line), n in lines.items()],
             "lines_counted": self._with_lines,
         }
@@ -580,10 +657,15 @@ class CpuCollector(Collector):
         self._counter, self._codes, self._native = None, [], False
         return result
 
-    def _stop_yappi(self) -> tuple[dict[CodeType, int], dict[tuple[CodeType, int], int], int]:
+    def _stop_yappi(
+        self,
+    ) -> tuple[dict[CodeType, int], dict[tuple[CodeType, int], int], int, dict[int, dict[CodeType, int]]]:
+        """Calls per candidate, no lines, every call yappi saw, and the candidates' calls per thread ident."""
         import yappi
 
         yappi.stop()
+        # Before the stats walk below, which runs at full speed: the burst ends here.
+        self._end_marks = _thread_marks()
         try:
             # yappi names methods its own way; file and first line name a function alike.
             wanted = {(c.co_filename, c.co_firstlineno): c for c in self._codes}
@@ -594,9 +676,45 @@ class CpuCollector(Collector):
                 code = wanted.get((stat.module, stat.lineno))
                 if code is not None:
                     calls[code] += stat.ncall
+            per_thread: dict[int, dict[CodeType, int]] = {}
+            self._thread_calls = {}
+            if any(calls.values()):
+                for thread in yappi.get_thread_stats():
+                    ident = int(thread.tid)
+                    mine = per_thread.setdefault(ident, {})
+                    for stat in yappi.get_func_stats(filter={"ctx_id": thread.id}):
+                        self._thread_calls[ident] = self._thread_calls.get(ident, 0) + stat.ncall
+                        code = wanted.get((stat.module, stat.lineno))
+                        if code is not None:
+                            mine[code] = mine.get(code, 0) + stat.ncall
         finally:
             yappi.clear_stats()
-        return calls, {}, events
+        return calls, {}, events, per_thread
+
+    def _counted_by_thread(
+        self, per_thread: Mapping[int, Mapping[CodeType, int]], length: float, slowdown: float
+    ) -> dict[CodeType, float]:
+        """Per candidate, the seconds of unslowed running its calls amount to (see thread_gains)."""
+        start, end = self._burst_marks, self._end_marks
+        self._burst_marks = self._end_marks = None
+        if start is None or end is None:
+            return {}
+        # The latest mark far enough before the burst to give each thread's share there.
+        earlier = [m for m in self._marks if start[0] - m[0] >= MARKS_GAP_S]
+        self._marks.append(end)
+        if not earlier:
+            return {}
+        before = earlier[-1]
+        gains = thread_gains(before, start, end, self._yappi.loss, self._yappi.per_call_s or 0.0, self._thread_calls)
+        fallback = length / max(length - slowdown, COUNTED_MIN * length)
+        weighted: dict[CodeType, float] = {}
+        raw: dict[CodeType, int] = {}
+        for ident, calls in per_thread.items():
+            gain = gains.get(ident, fallback)
+            for code, n in calls.items():
+                weighted[code] = weighted.get(code, 0.0) + n * gain
+                raw[code] = raw.get(code, 0) + n
+        return {c: length * raw[c] / weighted[c] for c in raw if weighted[c] > 0}
 
     def close(self) -> None:
         if self._monitoring:

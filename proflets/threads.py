@@ -159,6 +159,11 @@ def _schedstat(native_id: int) -> tuple[int, int, int, int] | None:
         return None
 
 
+def read_clocks(skip: int) -> dict[int, tuple[int, float]]:
+    """Python ident -> (kernel thread id, CPU seconds), for the threads threading knows but ``skip`` and dyper's."""
+    return _read_clocks(skip)
+
+
 def _read_clocks(skip: int) -> dict[int, tuple[int, float]]:
     clocks = {}
     for ident, native in _native_ids(skip).items():

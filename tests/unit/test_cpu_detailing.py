@@ -81,6 +81,13 @@ def looped(n: int) -> int:
     return total
 
 
+def paced_work(n: int) -> int:
+    total = 0
+    for i in range(n):
+        total += i & 7
+    return total
+
+
 def test_a_lines_burst_counts_each_line_exactly() -> None:
     collector = CpuCollector()
     collector.explicit = True  # yappi on 3.11 is opt-in
@@ -318,3 +325,85 @@ def test_a_yappi_burst_is_charged_its_slow_path_under_code_that_calls_nothing() 
     assert busy["counted_s"] == pytest.approx(busy["length_s"] - busy["slowdown_s"])
     assert idle["slowdown_s"] < 0.1 * idle["length_s"], idle  # an idle process loses next to nothing
     assert idle["counted_s"] > 0.9 * idle["length_s"]
+
+
+def test_a_thread_s_calls_are_slowed_as_far_as_its_pace_lets_them_be() -> None:
+    from proflets.cpu import GAIN_MAX, thread_gains
+
+    # 1 s before the burst, 0.5 s of burst; the slow path takes half of bytecode's time
+    before, start = (10.0, {1: 0.0, 2: 0.0, 3: 0.0, 4: 0.0, 6: 0.0}), (11.0, {1: 0.25, 2: 0.2, 3: 0.2, 4: 0.0, 6: 0.2})
+    end = (11.5, {1: 0.375, 2: 0.4, 3: 0.35, 4: 0.1, 5: 0.3, 6: 0.3})
+    calls = {6: 1000}
+    gains = thread_gains(before, start, end, 0.5, 1e-5, calls)
+    # 1: a share of a busy GIL, the same CPU share during: half the work done
+    assert gains[1] == pytest.approx(2.0)
+    # 2: paced from outside with time to spare: twice the CPU, the same work
+    assert gains[2] == pytest.approx(1.0)
+    # 3: between the two
+    assert gains[3] == pytest.approx(0.1 / (0.15 * 0.5))
+    # 6: its calls took 0.01 s of its 0.1 s; the rest at half speed did 0.045 s of work
+    assert gains[6] == pytest.approx(0.1 / 0.045)
+    # 4: no CPU before (nothing to compare), 5: started during the burst
+    assert 4 not in gains and 5 not in gains
+    # calls costlier than its CPU time: nothing done to compare; a sliver done: at most GAIN_MAX
+    assert 6 not in thread_gains(before, start, end, 0.5, 1e-4, calls)
+    assert thread_gains(before, start, end, 0.5, 0.99e-4, calls)[6] == GAIN_MAX
+    # a gap too short to say what the shares were
+    assert thread_gains((10.99, {1: 0.0}), (11.0, {1: 0.01}), end, 0.5, 1e-5, {}) == {}
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="yappi is the 3.11 path; 3.12+ hooks the candidates only")
+def test_yappi_rates_of_a_busy_thread_and_a_paced_one_come_out_near_their_unprofiled_rates() -> None:
+    import threading
+
+    stop = threading.Event()
+    counts = {"hot": 0, "cold": 0}
+
+    def busy() -> None:  # its own speed sets its pace
+        while not stop.is_set():
+            for _ in range(20):
+                looped(50)
+            counts["hot"] += 20
+
+    def paced() -> None:  # 200 calls a second, with time to spare
+        start, n = time.perf_counter(), 0
+        while not stop.is_set():
+            paced_work(2000)
+            n += 1
+            counts["cold"] += 1
+            time.sleep(max(0.0, start + n / 200 - time.perf_counter()))
+
+    collector = CpuCollector()
+    collector.explicit = True
+    collector.prepare()
+    threads = [threading.Thread(target=busy), threading.Thread(target=paced)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(0.3)
+        # A first burst: the threads' CPU time at its end is what the next one compares with.
+        collector.start_detail(DetailContext([looped.__code__, paced_work.__code__], 1.0))
+        time.sleep(0.2)
+        collector.stop_detail()
+        t0, before = time.perf_counter(), dict(counts)
+        time.sleep(1.0)  # unprofiled rates
+        plain = {k: (counts[k] - before[k]) / (time.perf_counter() - t0) for k in counts}
+        collector.start_detail(DetailContext([looped.__code__, paced_work.__code__], 1.0))
+        time.sleep(1.0)
+        result = collector.stop_detail()
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        collector.close()
+    rows = {r[1]: r for r in result["functions"]}
+    busy_row, paced_row = rows["looped"], rows["paced_work"]
+    # One process-wide correction made the paced rate two to three times its
+    # truth here; none left the busy one (calls with some work in each, two
+    # to three times slower under yappi) at about 0.4 of it.
+    assert 0.6 * plain["cold"] < paced_row[3] / paced_row[4] < 1.6 * plain["cold"], (paced_row, plain)
+    assert busy_row[3] / busy_row[4] > 0.6 * plain["hot"], (busy_row, plain)
+    # The busy thread's calls are taken as slowed more than the paced one's.
+    # (How much more is rough: its slow path here costs less than on the
+    # calibration loop, and its rate came out 1.8 to 2 times the truth.)
+    assert busy_row[4] < paced_row[4], (busy_row, paced_row)

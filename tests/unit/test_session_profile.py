@@ -177,7 +177,13 @@ def test_call_rates_divide_by_the_application_time_a_burst_covered():
          "functions": [["/app/app.py", "g", 20, 30]], "lines": [], "lines_counted": False},
         {"proflet": "cpu", "t": 1000.0, "length_s": 1.0, "slowdown_s": 0.0, "counted_s": 5.0,
          "functions": [["/app/app.py", "g", 20, 30]], "lines": [], "lines_counted": False},
+        # a function's own figure (3.11: per calling thread) comes before the burst's
+        {"proflet": "cpu", "t": 1000.0, "length_s": 2.0, "slowdown_s": 1.0, "counted_s": 1.0,
+         "functions": [["/app/app.py", "r", 30, 50, 0.5], ["/app/app.py", "main", 1, 10, 9.0]],
+         "lines": [], "lines_counted": False},
     ]  # fmt: skip
     rates = session_with(report).calls_per_s()
     assert rates[("/app/app.py", "f", 10)] == pytest.approx(100.0)
     assert rates[("/app/app.py", "g", 20)] == pytest.approx(30.0)
+    assert rates[("/app/app.py", "r", 30)] == pytest.approx(100.0)
+    assert rates[("/app/app.py", "main", 1)] == pytest.approx(10.0)  # more than the length: the burst's figure
