@@ -146,7 +146,7 @@ DETAIL_TICK_S: Final = 0.1
 #: through yappi, which hooks every call of every function and puts every
 #: thread on the eval loop's slow path: a burst halves a busy process's speed.
 #: That is now charged (proflets.base.YappiCharge), so bursts are short and
-#: few, and their rates are rough (0.7 to 1.5 of the truth on the planted
+#: few, and their rates are rough (0.7 to 1.3 of the truth on the planted
 #: paced thread): there it runs only when named.
 DEFAULT_PROFLETS: Final = ("cpu",) if sys.version_info >= (3, 12) else ()
 #: Slots of the active-threads histogram (the last takes that many or more).
