@@ -210,9 +210,9 @@ class Guard:
         """Take a new budget from ``now``; a debt never takes longer to repay than under the old one.
 
         A debt is an operation's overrun, paid for after the fact (a burst's
-        settlement, say). Run up under 25% and repaid at 0.01%, 0.2 s of it
-        kept the agent silent, no samples and no reports, for half an hour;
-        at 1%, for 20 s. So on a lower budget the debt shrinks with the
+        settlement, say). Run up under 25% and repaid at 1%, each 10 ms of it
+        would keep the agent silent, no samples and no reports, for a second;
+        at 0.01%, for 100 s. So on a lower budget the debt shrinks with the
         rate, and takes the time to repay it would have taken; on a higher
         one it is repaid sooner.
         """
@@ -222,7 +222,6 @@ class Guard:
         new = self.rate
         if self._tokens < 0 and 0 < new < old:
             self._tokens *= new / old
-        self._tokens = min(self._tokens, new * self.capacity_s)
 
     @property
     def rate(self) -> float:

@@ -30,14 +30,22 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import psutil
 import zmq
 import zmq.asyncio
 
 from agent import protocol
 from monitor.profile import Profile, process_info, session_paths
 from monitor.scheduler import AgentSchedule
-from monitor.session import AgentState, FrameTable, Session, SessionKey, Slice, UnknownLocation, stacks_as_bytes
+from monitor.session import (
+    AgentState,
+    FrameTable,
+    Session,
+    SessionKey,
+    Slice,
+    UnknownLocation,
+    same_process,
+    stacks_as_bytes,
+)
 from monitor.windows import WindowSpec
 
 if TYPE_CHECKING:
@@ -61,18 +69,6 @@ SCHEDULE_TICK_MS = 100
 #: bye (SIGKILL, the OOM killer): until it did, such a session stayed
 #: "connected" for good, and `dyper top` showed a dead process as live.
 GONE_CHECK_S = 2.0
-
-
-def _alive(pid: int, start_time: float) -> bool:
-    """Whether process ``pid``, started at ``start_time`` (s since the epoch, to 0.01 s), still runs here."""
-    try:
-        created = psutil.Process(pid).create_time()
-    except psutil.NoSuchProcess:
-        return False
-    except psutil.Error:
-        return True  # cannot tell (a permission, say): not gone
-    # Both from /proc's start ticks and boot time; another process on the same pid started elsewhen.
-    return bool(abs(created - start_time) < 1.0)
 
 
 #: The receive loop lets the event loop run (sends, the ZAP handler, replies of
@@ -467,7 +463,9 @@ class Monitor:
         host = socket.gethostname()
         gone: list[int] = []
         for session, state in list(self.by_agent.values()):
-            if not state.connected or session.key[0] != host or _alive(session.key[1], session.key[2]):
+            if not state.connected or session.key[0] != host:
+                continue
+            if same_process(session.key[1], session.key[2]) is not False:  # alive, or cannot tell
                 continue
             state.connected = False
             self.schedules.pop(state.agent_id, None)

@@ -37,6 +37,25 @@ from proflets.base import Analyzer, ReportView
 
 #: (host, pid, process start time)
 SessionKey = tuple[str, int, float]
+
+
+def same_process(pid: int, start_time: float) -> bool | None:
+    """Whether the process now on ``pid`` here is the one started at ``start_time`` (s since the epoch).
+
+    None when it cannot be told (no permission, say). Both start times come
+    from /proc's start ticks and the boot time; a reused pid started elsewhen.
+    """
+    import psutil  # here: the CLI imports this module, and starts faster without it
+
+    try:
+        started = float(psutil.Process(pid).create_time())
+    except psutil.NoSuchProcess:
+        return False
+    except (psutil.Error, OSError):
+        return None
+    return abs(started - start_time) < 1.0
+
+
 #: Session.check_stacks: per stack of a report, its code in the agent's cache (-1: not
 #: there), and the location ids of those the agent had not sent before
 StackCheck = tuple[list[int], dict[bytes, list[int]]]

@@ -220,6 +220,13 @@ def _native_calibration_target(n: int) -> int:
     return total
 
 
+def _counted_s(length: float, slowdown: float) -> float:
+    """The application's own time a burst's counts cover: a slowed function is
+    called less often (yappi halved the paced rate on 3.11), so the rates
+    divide by this. At most a fourfold correction."""
+    return max(length - slowdown, COUNTED_MIN * length)
+
+
 def _thread_marks() -> tuple[float, dict[int, float]]:
     """Now, and each thread's CPU seconds (by ident; the agent's own threads left out)."""
     from proflets.threads import read_clocks
@@ -377,8 +384,6 @@ class CpuCollector(Collector):
         self._marks: deque[tuple[float, dict[int, float]]] = deque(maxlen=MARKS_KEPT)
         self._burst_marks: tuple[float, dict[int, float]] | None = None
         self._end_marks: tuple[float, dict[int, float]] | None = None
-        #: 3.11: every call yappi saw in the last burst, per thread ident
-        self._thread_calls: dict[int, int] = {}
         #: this burst times the candidates and their C calls (3.12+, with the line counts)
         self._native = False
         self._started = 0.0
@@ -509,16 +514,18 @@ class CpuCollector(Collector):
                 leaf()
 
         self._yappi.calibrate(calls, 500)
-        self._event_cost_s = self._yappi.per_call_s
 
     # --- hooks ----------------------------------------------------------------------
 
-    def report(self, ctx: ReportContext) -> dict[str, Any] | None:
-        if not self._monitoring and self._burst_marks is None:
-            # 3.11: the threads' CPU shares outside bursts, for the next burst's
-            # rates (a thread started since the last burst is in them too).
-            self._marks.append(_thread_marks())
-        return None
+    if sys.version_info < (3, 12):
+        # Only where yappi counts: the agent calls a report hook only if the class has one.
+
+        def report(self, ctx: ReportContext) -> dict[str, Any] | None:
+            if self._burst_marks is None:
+                # The threads' CPU shares outside bursts, for the next burst's
+                # rates (a thread started since the last burst is in them too).
+                self._marks.append(_thread_marks())
+            return None
 
     def burst_kinds(self) -> tuple[str, ...]:
         # Line bursts lose most of their length in a hot loop, call bursts
@@ -622,21 +629,21 @@ class CpuCollector(Collector):
         if self._monitoring:
             self._release_tool()
             counter = self._counter
-            counted, lines = counter.counts() if counter is not None else ({}, {})
-            calls = {c: counted.get(c, 0) for c in self._codes}
+            counts, lines = counter.counts() if counter is not None else ({}, {})
+            calls = {c: counts.get(c, 0) for c in self._codes}
             slowdown = self._charged(counter)
+            counted = _counted_s(length, slowdown)
             self._measure_loss(calls, length, self._calibrated(counter))
         else:
-            calls, lines, events, per_thread = self._stop_yappi()
+            calls, events, per_thread, thread_calls = self._stop_yappi()
+            lines = {}
             slowdown = self._yappi.slowdown_s(events)
-            counted_by = self._counted_by_thread(per_thread, length, slowdown)
+            counted = _counted_s(length, slowdown)
+            counted_by = self._counted_by_thread(per_thread, thread_calls, length, counted)
         result: dict[str, Any] = {
             "length_s": length,
             "slowdown_s": slowdown,
-            # The application's own time the counts cover: a slowed function
-            # is called less often (yappi halved the paced rate on 3.11), so the
-            # rates divide by this. At most a fourfold correction.
-            "counted_s": max(length - slowdown, COUNTED_MIN * length),
+            "counted_s": counted,
             "functions": [
                 [c.co_filename, c.co_qualname, c.co_firstlineno, n, *([counted_by[c]] if c in counted_by else [])]
                 for c, n in calls.items()
@@ -657,10 +664,8 @@ class CpuCollector(Collector):
         self._counter, self._codes, self._native = None, [], False
         return result
 
-    def _stop_yappi(
-        self,
-    ) -> tuple[dict[CodeType, int], dict[tuple[CodeType, int], int], int, dict[int, dict[CodeType, int]]]:
-        """Calls per candidate, no lines, every call yappi saw, and the candidates' calls per thread ident."""
+    def _stop_yappi(self) -> tuple[dict[CodeType, int], int, dict[int, dict[CodeType, int]], dict[int, int]]:
+        """Calls per candidate, every call yappi saw, and per thread ident the candidates' calls and every call."""
         import yappi
 
         yappi.stop()
@@ -677,24 +682,32 @@ class CpuCollector(Collector):
                 if code is not None:
                     calls[code] += stat.ncall
             per_thread: dict[int, dict[CodeType, int]] = {}
-            self._thread_calls = {}
+            thread_calls: dict[int, int] = {}
             if any(calls.values()):
                 for thread in yappi.get_thread_stats():
                     ident = int(thread.tid)
                     mine = per_thread.setdefault(ident, {})
                     for stat in yappi.get_func_stats(filter={"ctx_id": thread.id}):
-                        self._thread_calls[ident] = self._thread_calls.get(ident, 0) + stat.ncall
+                        thread_calls[ident] = thread_calls.get(ident, 0) + stat.ncall
                         code = wanted.get((stat.module, stat.lineno))
                         if code is not None:
                             mine[code] = mine.get(code, 0) + stat.ncall
         finally:
             yappi.clear_stats()
-        return calls, {}, events, per_thread
+        return calls, events, per_thread, thread_calls
 
     def _counted_by_thread(
-        self, per_thread: Mapping[int, Mapping[CodeType, int]], length: float, slowdown: float
+        self,
+        per_thread: Mapping[int, Mapping[CodeType, int]],
+        thread_calls: Mapping[int, int],
+        length: float,
+        counted: float,
     ) -> dict[CodeType, float]:
-        """Per candidate, the seconds of unslowed running its calls amount to (see thread_gains)."""
+        """Per candidate, the seconds of unslowed running its calls amount to (see thread_gains).
+
+        A thread with no gain of its own is taken as slowed like the whole
+        process (``counted`` of the burst's ``length``).
+        """
         start, end = self._burst_marks, self._end_marks
         self._burst_marks = self._end_marks = None
         if start is None or end is None:
@@ -705,8 +718,8 @@ class CpuCollector(Collector):
         if not earlier:
             return {}
         before = earlier[-1]
-        gains = thread_gains(before, start, end, self._yappi.loss, self._yappi.per_call_s or 0.0, self._thread_calls)
-        fallback = length / max(length - slowdown, COUNTED_MIN * length)
+        gains = thread_gains(before, start, end, self._yappi.loss, self._yappi.per_call_s or 0.0, thread_calls)
+        fallback = length / counted
         weighted: dict[CodeType, float] = {}
         raw: dict[CodeType, int] = {}
         for ident, calls in per_thread.items():

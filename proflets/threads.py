@@ -161,10 +161,6 @@ def _schedstat(native_id: int) -> tuple[int, int, int, int] | None:
 
 def read_clocks(skip: int) -> dict[int, tuple[int, float]]:
     """Python ident -> (kernel thread id, CPU seconds), for the threads threading knows but ``skip`` and dyper's."""
-    return _read_clocks(skip)
-
-
-def _read_clocks(skip: int) -> dict[int, tuple[int, float]]:
     clocks = {}
     for ident, native in _native_ids(skip).items():
         cpu = thread_cpu_s(native)
@@ -182,12 +178,12 @@ class ThreadClocks:
     """
 
     def __init__(self, skip: int) -> None:
-        self._baseline = {ident: cpu for ident, (_, cpu) in _read_clocks(skip).items()}
+        self._baseline = {ident: cpu for ident, (_, cpu) in read_clocks(skip).items()}
 
     def read(self, skip: int) -> dict[int, tuple[int, float]]:
         """Python ident -> (kernel thread id, CPU seconds since profiling began)."""
         return {
-            ident: (native, cpu - self._baseline.get(ident, 0.0)) for ident, (native, cpu) in _read_clocks(skip).items()
+            ident: (native, cpu - self._baseline.get(ident, 0.0)) for ident, (native, cpu) in read_clocks(skip).items()
         }
 
 

@@ -25,7 +25,7 @@ from agent.budget import slowdown
 from monitor.exports import prune_floor
 from monitor.profile import DEFAULT_FLOOR_PCT, Metric, Profile
 from monitor.search.repl import short_name
-from monitor.session import Session
+from monitor.session import Session, same_process
 
 #: Rows per table sent to the page; the floor already drops what is below 0.5%.
 MAX_ROWS = 300
@@ -248,20 +248,9 @@ def process_rows(host_rows: list[dict[str, Any]], sessions: list[dict[str, Any]]
             "python": s["python"],
         }
         for s in sorted(sessions, key=lambda s: -(s["last_report"] or 0.0))
-        if s["pid"] not in live_pids or not _same_process(s)
+        if s["pid"] not in live_pids or same_process(s["pid"], float(s["start_time"])) is not True
     ]
     return {"processes": running, "ended": ended, "host": os.uname().nodename}
-
-
-def _same_process(session: dict[str, Any]) -> bool:
-    """True when the running process with this pid is the session's (same start time), not a reused pid."""
-    import psutil
-
-    try:
-        started = float(psutil.Process(session["pid"]).create_time())
-    except (psutil.Error, OSError):
-        return False
-    return abs(started - float(session["start_time"])) < 1.0
 
 
 # --- flame graph ------------------------------------------------------------------------------
