@@ -5,7 +5,14 @@ Usage from inside a program (or a container's entry point)::
     import agent
     agent.start(monitor="tcp://127.0.0.1:7341", budget="1%")
     ...
-    agent.stop()   # leaves the process as it was
+    agent.mark("cache warm")   # a labelled point on the timeline
+    agent.pause()              # no sampling, no detailing: costs nothing
+    agent.resume()
+    agent.reset()              # the whole-run profile starts afresh here
+    agent.stop()               # leaves the process as it was
+
+Each of these does nothing when no agent runs, so a program may call them
+whether or not it is being profiled.
 
 The same ``start`` is what ``dyper run``, ``dyper attach`` and the
 ``DYPER_MONITOR`` environment variable end in. Importing this package is cheap:
@@ -25,7 +32,18 @@ from urllib.parse import urlsplit
 if TYPE_CHECKING:
     from agent.core import Agent
 
-__all__ = ["DEFAULT_MONITOR", "agent_id", "is_running", "set_budget", "start", "stop"]
+__all__ = [
+    "DEFAULT_MONITOR",
+    "agent_id",
+    "is_running",
+    "mark",
+    "pause",
+    "reset",
+    "resume",
+    "set_budget",
+    "start",
+    "stop",
+]
 
 #: Tells dyper's bootstrap this is dyper's agent and not another package named "agent".
 __dyper__ = True
@@ -220,6 +238,39 @@ def set_budget(budget: float | str) -> None:
     current = _agent
     if current is not None:
         current.set_budget(parse_budget(budget))
+
+
+def _running() -> Agent | None:
+    current = _agent
+    return current if current is not None and current.pid == os.getpid() else None
+
+
+def pause() -> None:
+    """Stop sampling and detailing, from the next wake-up of the agent's thread; the agent stays attached."""
+    current = _running()
+    if current is not None:
+        current.pause()
+
+
+def resume() -> None:
+    """Sample and detail again after :func:`pause`."""
+    current = _running()
+    if current is not None:
+        current.resume()
+
+
+def reset() -> None:
+    """Start the statistics afresh: the monitor's whole-run profile begins now; its history keeps what came before."""
+    current = _running()
+    if current is not None:
+        current.reset()
+
+
+def mark(name: str) -> None:
+    """Put a point labelled ``name`` on the timeline (``dyper report`` lists the marks, with their times)."""
+    current = _running()
+    if current is not None:
+        current.mark(name)
 
 
 def _on_exit(which: Agent) -> None:

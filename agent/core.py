@@ -149,6 +149,12 @@ DETAIL_TICK_S: Final = 0.1
 #: few, and their rates are rough (0.7 to 1.3 of the truth on the planted
 #: paced thread): there it runs only when named.
 DEFAULT_PROFLETS: Final = ("cpu",) if sys.version_info >= (3, 12) else ()
+#: Marks (agent.mark, pause, resume, reset) kept for the next report; older ones are dropped and counted.
+MAX_PENDING_MARKS: Final = 256
+#: Characters of a mark's name that are kept.
+MAX_MARK_CHARS: Final = 200
+#: While paused, reports (which tell the monitor the agent is alive and paused) go at most this often.
+PAUSED_REPORT_S: Final = 10.0
 #: Slots of the active-threads histogram (the last takes that many or more).
 ACTIVITY_SLOTS: Final = 65
 
@@ -356,6 +362,14 @@ class Agent:
         #: CURVE: (monitor's public key, our public key, our secret key), z85; None: no encryption
         self.curve = curve
         self._pending_budget: float | None = None
+        #: pause (True) or resume (False) asked for, applied by the sampler thread
+        self._pending_pause: bool | None = None
+        #: statistics start afresh: the sampler sends what it has, then a reset mark
+        self._pending_reset = False
+        #: no samples, no bursts, no ticker: only a report now and then (see PAUSED_REPORT_S)
+        self.paused = False
+        #: [wall time, name, kind] for the next report; kind is mark, pause, resume or reset
+        self._marks: list[list[Any]] = []
         self.endpoint = endpoint
         self.budget = budget
         self.ceiling = ceiling
@@ -369,7 +383,7 @@ class Agent:
         self.samples_in_window = 0
         self.seq = 0
         self.errors: list[str] = []
-        self.dropped: dict[str, int] = {"reports": 0, "samples": 0, "bad_messages": 0}
+        self.dropped: dict[str, int] = {"reports": 0, "samples": 0, "bad_messages": 0, "marks": 0}
         self._rng = random.Random()
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -448,6 +462,8 @@ class Agent:
         self.report_delay_s = self.plan.report_delay_s
         #: sampling through the C ticker; decided when the loop starts
         self.ticker = False
+        #: the ticker was stopped by a pause, to start again on resume
+        self._ticker_paused = False
         self._ticker_last: dict[str, Any] = {}
         #: costs charged since the last drain, spread over the samples it brought
         self._undrained_s = 0.0
@@ -529,6 +545,30 @@ class Agent:
     def _wake(self) -> None:
         with contextlib.suppress(OSError):
             os.write(self._wake_w, b"x")
+
+    def mark(self, name: str, kind: str = "mark") -> None:
+        """Put a labelled point on the timeline: it goes with the next report."""
+        marks = self._marks
+        # From any thread: list.append and del under the GIL are atomic, and the
+        # sampler swaps the list out whole when it reports.
+        marks.append([time.time(), str(name)[:MAX_MARK_CHARS], kind])
+        if len(marks) > MAX_PENDING_MARKS:
+            del marks[0]
+            self.dropped["marks"] = self.dropped.get("marks", 0) + 1
+
+    def pause(self) -> None:
+        """Stop sampling and detailing until :meth:`resume`; the agent stays attached."""
+        self._pending_pause = True
+        self._wake()
+
+    def resume(self) -> None:
+        self._pending_pause = False
+        self._wake()
+
+    def reset(self) -> None:
+        """Start the statistics afresh: the monitor's whole-run profile begins here (its history keeps the old)."""
+        self._pending_reset = True
+        self._wake()
 
     # --- the sampler thread ---------------------------------------------------------
 
@@ -683,7 +723,7 @@ class Agent:
                     next_sample = now + max(TICKER_EARLY_DRAIN_S * 2**early_drains, 4 * self.sample_delay_s)
                 elif not early:
                     next_sample = math.inf
-            elif now >= next_sample:
+            elif not self.paused and now >= next_sample:
                 wait = self.guard.wait_needed(now, self.sample_cost_s)
                 if wait > 0:
                     next_sample = now + wait
@@ -707,7 +747,7 @@ class Agent:
                         self._replan()
                     next_sample = now + self._jitter(self.sample_delay_s)
             detailing = bool(self._bursts)
-            if self.proflet_costs and now >= self._detail_at:
+            if self.proflet_costs and not self.paused and now >= self._detail_at:
                 self._detail_step(self.clock())
                 self._detail_at = self._next_detail_event()
                 detailing = True
@@ -722,7 +762,8 @@ class Agent:
                     self._report(sock)
                 # Rescheduled even when no report could go (no monitor yet),
                 # or the loop would wake at once, again and again.
-                next_report = self.clock() + self._jitter(self.report_delay_s, spread=0.1)
+                delay = max(self.report_delay_s, PAUSED_REPORT_S) if self.paused else self.report_delay_s
+                next_report = self.clock() + self._jitter(delay, spread=0.1)
             budget = self._pending_budget
             if budget is not None:
                 self._pending_budget = None
@@ -731,10 +772,24 @@ class Agent:
                 # The views should show the new budget soon, not after a report
                 # interval planned for the old one.
                 next_report = min(next_report, self.clock() + self.report_delay_s)
+            pause = self._pending_pause
+            if pause is not None:
+                self._pending_pause = None
+                if pause != self.paused:
+                    self._apply_pause(pause)
+                    next_sample = math.inf if pause else self.clock() + self._jitter(self.sample_delay_s)
+                    # The views should say so within a second.
+                    next_report = min(next_report, self.clock() + MIN_REPORT_DELAY_S)
+            if self._pending_reset:
+                self._pending_reset = False
+                if self._hello_sent:
+                    self._report(sock)  # what came before the reset goes in the old statistics
+                self.mark("reset", "reset")
+                next_report = min(next_report, self.clock() + MIN_REPORT_DELAY_S)
             wake = min(
                 next_sample,
                 next_report,
-                self._detail_at if self.proflet_costs else math.inf,
+                self._detail_at if self.proflet_costs and not self.paused else math.inf,
                 next_hello if not self._hello_sent and hello_wait < HELLO_RETRY_S else math.inf,
             )
             # Round up: a sub-millisecond wait truncated to poll(0) would make
@@ -822,6 +877,27 @@ class Agent:
             for name in list(self._bursts):
                 self._stop_burst(name, now)
         self._replan()
+
+    def _apply_pause(self, pause: bool) -> None:
+        """Pause: end the bursts and stop the ticker, so that nothing runs in the application's threads. Or resume."""
+        now = self.clock()
+        if pause:
+            for name in list(self._bursts):
+                self._stop_burst(name, now)
+            if self.ticker:
+                self._ticker_step(drain=True)  # the samples taken before the pause are kept
+                _fast.ticker_stop()
+                self.ticker = False
+                self._ticker_paused = True
+            self.paused = True
+            self.mark("pause", "pause")
+        else:
+            self.paused = False
+            if self._ticker_paused:
+                self._ticker_paused = False
+                self._start_ticker()
+            self._detail_at = -math.inf
+            self.mark("resume", "resume")
 
     def _under_ceiling(self, budget: float) -> float:
         return min(budget, self.ceiling) if self.ceiling is not None else budget
@@ -1533,7 +1609,11 @@ class Agent:
             "mode": "monitor" if self._monitor_plan is not None else "local",
             "proflets": self._proflet_states(),
             "details": self._details_done,
+            "paused": self.paused,
         }
+        marks, self._marks = self._marks, []
+        if marks:
+            body["marks"] = marks
         if self._on_report:
             body["data"] = self._collector_data(now - self._window_start)
             # with the always-on hooks' cost, charged just now
@@ -1550,8 +1630,9 @@ class Agent:
             self._window_costs = {"sample": 0.0, "report": 0.0, "detail": 0.0, "wake": 0.0}
             self.errors.clear()
         else:
-            # Keep the counts: they go out with the next report that gets through.
+            # Keep the counts and marks: they go out with the next report that gets through.
             self.dropped["reports"] += 1
+            self._marks[:0] = marks[-MAX_PENDING_MARKS:]
         spent = _cost_clock() - t0
         self.max_op_s = max(self.max_op_s, spent)
         self._window_costs["report"] += spent
@@ -1693,6 +1774,10 @@ class Agent:
             # taken: only whoever started the agent sets it.
             if body.get("budget") is not None:
                 self._pending_budget = float(body["budget"])
+            if body.get("paused") is not None:
+                self._pending_pause = bool(body["paused"])
+            if body.get("reset"):
+                self._pending_reset = True
             theirs = body.get("plan")
             running_at = self._under_ceiling(self._pending_budget if self._pending_budget is not None else self.budget)
             if theirs is not None and self._made_for(_their_timings(theirs), running_at):

@@ -24,7 +24,7 @@ agent -> monitor
     ``bye``     the agent is stopping (detach, stop or exit)
     ``error``   something inside the target the user should hear about
 monitor -> agent
-    ``configure``  budget and other settings
+    ``configure``  budget and other settings; pause, resume and reset
     ``detach``     stop the agent and remove every hook
     ``resync``     the monitor does not know this agent (it restarted): send
                    ``hello`` and the full string tables again
@@ -561,6 +561,9 @@ _REPORT_OPTIONAL: dict[str, _Check] = {
     "details": _list_of(lambda v: _is_map(v) and _is_str(v.get("proflet"))),
     # per proflet: what its collector's report hook returned for the window (plain data)
     "data": _map_of(_is_map),
+    "paused": _is_bool,  # sampling and detailing are paused (dyper pause, agent.pause)
+    # [wall time, name, kind]: agent.mark, and pause, resume and reset (which starts the statistics afresh)
+    "marks": _list_of(_tuple_of(_is_time, _is_str, _is_str)),
 }
 
 _SCHEMAS: dict[str, Callable[[Body], None]] = {
@@ -590,7 +593,18 @@ _SCHEMAS: dict[str, Callable[[Body], None]] = {
     BYE: _fields({"agent": _is_str}, {"reason": _is_str}),
     ERROR: _fields({"agent": _is_str, "message": _is_str}),
     # plan: {sample_delay_s, report_delay_s, detail_delay_s: {proflet: s}, fract, budget (it was made for)}
-    CONFIGURE: _fields({}, {"budget": _is_budget, "monitor": _is_str, "ceiling": _is_budget, "plan": _plan}),
+    # paused: pause (true) or resume (false); reset: start the statistics afresh
+    CONFIGURE: _fields(
+        {},
+        {
+            "budget": _is_budget,
+            "monitor": _is_str,
+            "ceiling": _is_budget,
+            "plan": _plan,
+            "paused": _is_bool,
+            "reset": _is_bool,
+        },
+    ),
     DETAIL: _fields({"proflet": _is_str}),
     DETACH: _fields({}),
     RESYNC: _fields({}),

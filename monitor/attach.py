@@ -90,6 +90,11 @@ def _dyper_bootstrap(action, params, result_path):
             if running:
                 mod.set_budget(params["budget"])
             result = {"ok": True, "was_running": bool(running)}
+        elif action in ("pause", "resume", "reset"):
+            running = mod is not None and getattr(mod, "__dyper__", False) and mod.is_running()
+            if running:
+                getattr(mod, action)()
+            result = {"ok": True, "was_running": bool(running)}
         elif action == "stop":
             running = mod is not None and getattr(mod, "__dyper__", False) and mod.is_running()
             if running:
@@ -217,6 +222,14 @@ def attach(
 def set_budget(pid: int, budget: float, *, timeout: float = DEFAULT_TIMEOUT_S) -> bool:
     """Change the budget of the agent inside ``pid`` directly. True if one was running."""
     _, result = _run(pid, "budget", {"budget": budget}, timeout)
+    return bool(result.get("was_running"))
+
+
+def control(pid: int, op: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> bool:
+    """Pause, resume or reset the agent inside ``pid`` directly. True if one was running."""
+    if op not in ("pause", "resume", "reset"):
+        raise ValueError(f"unknown control {op!r}")
+    _, result = _run(pid, op, {}, timeout)
     return bool(result.get("was_running"))
 
 

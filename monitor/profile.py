@@ -233,6 +233,8 @@ class Node:
 
 
 _LIBRARY_PATHS = ("stdlib", "platstdlib", "purelib", "platlib")
+#: Marks a profile carries (the newest).
+MARKS_SHOWN = 200
 
 
 def process_info(session: Session) -> dict[str, Any]:
@@ -253,6 +255,11 @@ def process_info(session: Session) -> dict[str, Any]:
         # seconds spent per category over the run: sample, wake, report, detail
         "costs": dict(session.costs),
         "dropped": _sum_dropped(session),
+        "paused": session.paused,
+        # the whole-run statistics start here (dyper reset, agent.reset); None: never reset
+        "reset_t": session.reset_t,
+        # [wall time, name, kind] of the newest marks (agent.mark, pause, resume, reset)
+        "marks": [list(m) for m in list(session.marks)[-MARKS_SHOWN:]],
     }
 
 

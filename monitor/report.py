@@ -2,7 +2,8 @@
 
 The report (its JSON form is documented in the README, "dyper report"):
 
-    {"process": {"pid", "host", "argv", "python", "cpus", "budget", "overhead", "duration_s", "samples"},
+    {"process": {"pid", "host", "argv", "python", "cpus", "budget", "overhead", "duration_s", "samples",
+                 "paused", "reset_t", "marks": [{"t", "name", "kind"}]},
      "status": {"<proflet>": {"problem", "confidence"}},
      "findings": ["...plain words..."],
      "proflets": {"<proflet>": {...its results...}},
@@ -73,6 +74,9 @@ def report_of(profile: Profile) -> dict[str, Any]:
         "overhead": 100.0 * float(p.get("overhead") or 0.0),
         "duration_s": p.get("duration_s"),
         "samples": p.get("samples"),
+        "paused": bool(p.get("paused")),
+        "reset_t": p.get("reset_t"),
+        "marks": [{"t": m[0], "name": m[1], "kind": m[2]} for m in p.get("marks") or ()],
     }
     sections = profile.proflets or {}
     results = dict(sections.get("results") or {})

@@ -689,7 +689,7 @@ class Monitor:
                 return reply(error="this monitor keeps no history (started with --no-history)")
             return self._answer(ident, rid, self.history.stats, lambda stats: stats, True)
         pid = args.get("pid")
-        if op in ("profile", "top", "timeline", "detach", "budget", "detail", "report"):
+        if op in ("profile", "top", "timeline", "detach", "budget", "detail", "report", "pause", "resume", "reset"):
             if not isinstance(pid, int):
                 return reply(error=f"{op}: give a pid")
             start_time = args.get("start_time")
@@ -730,6 +730,11 @@ class Monitor:
                 )
             if op == "detach":
                 return reply({"detached": self.send_to_pid(pid, protocol.DETACH, {})})
+            if op in ("pause", "resume"):
+                return reply({"configured": self.send_to_pid(pid, protocol.CONFIGURE, {"paused": op == "pause"})})
+            if op == "reset":
+                # The agent sends what it has, then a reset mark; the session starts afresh at the mark.
+                return reply({"configured": self.send_to_pid(pid, protocol.CONFIGURE, {"reset": True})})
             if op == "detail":
                 # The bottleneck search asks for a burst where it needs one; the
                 # request joins the agent's detailing queue on its next report.

@@ -69,6 +69,9 @@ K = TypeVar("K", bound=Hashable)
 
 #: How long per-report deltas are kept for "now" windows.
 WINDOW_RETENTION_S = 600.0
+#: Marks a session keeps (the newest), and characters of a mark's name and kind.
+MAX_MARKS = 1000
+MAX_MARK_CHARS = 200
 #: Stacks an agent's resolved-stack cache holds at most (some 200 bytes each); past it, it starts afresh.
 MAX_CACHED_STACKS = 20_000
 
@@ -164,6 +167,8 @@ class AgentState:
     mode: str = "local"
     #: per proflet: calibrated costs as last reported, or {"off": reason}
     proflets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: sampling and detailing paused (dyper pause, agent.pause)
+    paused: bool = False
 
     def forget_stacks(self) -> None:
         self.stacks.clear()
@@ -284,6 +289,12 @@ class Session:
         self.calls: dict[tuple[str, str, int], list[float]] = {}
         #: the monitor halves of the proflets, by name
         self.analyzers: dict[str, Analyzer] = make_analyzers(self)
+        #: (wall time, name, kind) of the agents' marks: agent.mark, pause, resume, reset (the newest)
+        self.marks: deque[tuple[float, str, str]] = deque(maxlen=MAX_MARKS)
+        #: the agents' elapsed seconds at the last reset: the whole run is what came after it
+        self.elapsed_at_reset = 0.0
+        #: wall time of the last reset (None: never reset)
+        self.reset_t: float | None = None
 
     @property
     def pid(self) -> int:
@@ -304,7 +315,32 @@ class Session:
         return slowdown(spent, elapsed)
 
     def duration_s(self) -> float:
-        return sum(a.elapsed_s for a in self.agents.values())
+        """Seconds the whole-run statistics cover: since the agents started, or since the last reset."""
+        return max(0.0, sum(a.elapsed_s for a in self.agents.values()) - self.elapsed_at_reset)
+
+    @property
+    def paused(self) -> bool:
+        live = [a for a in self.agents.values() if a.connected]
+        return bool(live) and all(a.paused for a in live)
+
+    def reset(self, t: float) -> None:
+        """Start the whole-run statistics afresh at ``t``: counts, samples, costs, call counts, the proflets' analyses.
+
+        The windows (and history) keep what came before, so a slice over
+        earlier times still shows it.
+        """
+        wall, cpu, counted = self._wall, self._cpu, self._counted
+        for i in self._count_order:
+            wall[i] = cpu[i] = counted[i] = 0
+        self._count_order = []
+        self._counts_view = None
+        self.samples = 0
+        self.costs = {k: 0.0 for k in self.costs}
+        self.calls = {}
+        self.bursts.clear()
+        self.analyzers = make_analyzers(self)
+        self.elapsed_at_reset = sum(a.elapsed_s for a in self.agents.values())
+        self.reset_t = t
 
     def add_agent(self, hello: dict[str, Any]) -> AgentState:
         state = self.agents.get(hello["agent"])
@@ -384,6 +420,15 @@ class Session:
         twice = len({code >> 3 for code in by_code}) < len(by_code)
         at: dict[int, int] = {}
 
+        marks = report.get("marks") or ()
+        for mark_t, name, kind in marks:
+            self.marks.append((float(mark_t), name[:MAX_MARK_CHARS], kind[:MAX_MARK_CHARS]))
+            if kind == "reset":
+                # The agent sent what came before the reset in an earlier report: this one's counts are after it.
+                if report.get("elapsed_s") is not None:
+                    state.elapsed_s = float(report["elapsed_s"]) - float(report["window_s"])
+                self.reset(float(mark_t))
+
         keys = self.stack_keys
         self._grow()
         wall, cpu_of, counted, first_counted = self._wall, self._cpu, self._counted, self._count_order
@@ -438,6 +483,7 @@ class Session:
         state.delays = dict(report.get("delays") or {})
         state.dropped = dict(report.get("dropped") or {})
         state.mode = str(report.get("mode") or state.mode)
+        state.paused = bool(report.get("paused"))
         if isinstance(report.get("proflets"), dict):
             state.proflets = dict(report["proflets"])
         window_costs = {k: float(v) for k, v in (report.get("costs") or {}).items()}
@@ -638,6 +684,9 @@ class Session:
             },
             "errors": list(self.errors)[-10:],
             "analyzers": {name: a.state() for name, a in self.analyzers.items()},
+            "marks": [list(m) for m in self.marks],
+            "elapsed_at_reset": self.elapsed_at_reset,
+            "reset_t": self.reset_t,
         }
 
     @classmethod
@@ -672,6 +721,11 @@ class Session:
             agent.last_seen = float(a.get("last_seen") or 0.0)
             s.agents[agent.agent_id] = agent
         s.errors.extend(str(e) for e in state.get("errors") or ())
+        for m in state.get("marks") or ():
+            s.marks.append((float(m[0]), str(m[1]), str(m[2])))
+        s.elapsed_at_reset = float(state.get("elapsed_at_reset") or 0.0)
+        reset_t = state.get("reset_t")
+        s.reset_t = float(reset_t) if reset_t is not None else None
         for name, kept in (state.get("analyzers") or {}).items():
             analyzer = s.analyzers.get(str(name))
             if analyzer is not None and isinstance(kept, dict):

@@ -35,6 +35,7 @@ def session_info(session: Session) -> dict[str, Any]:
         "argv": list(session.hello.get("argv", [])),
         "python": session.hello.get("python", ""),
         "connected": session.connected,
+        "paused": session.paused,
         "samples": session.samples,
         "reports": session.reports,
         "budget": session.budget(),
@@ -173,6 +174,8 @@ def render_top(view: dict[str, Any], title: str | None = None) -> Group:
         state = "[dim]finished[/]"
     else:
         state = "[green]attached[/]" if info["connected"] else "[red]not connected[/]"
+        if info.get("paused"):
+            state += " [yellow]paused[/] (dyper resume PID)"
     service = view.get("service")
     who = f"service [bold]{service['name']}[/]," if service and service["processes"] > 1 else "pid"
     if service and service["processes"] > 1:

@@ -103,13 +103,34 @@ def _num(v: Any, fmt: str = "{:,.0f}") -> str:
     return fmt.format(v) if isinstance(v, int | float) else "-"
 
 
+#: Marks the human report lists (the newest); --json gives all the profile carries.
+MARKS_LISTED = 10
+
+
+def _clock(t: Any) -> str:
+    """A wall time as the local time of day, to the tenth of a second."""
+    import time
+
+    if not isinstance(t, int | float):
+        return "-"
+    return time.strftime("%H:%M:%S", time.localtime(t)) + f".{int(t * 10) % 10}"
+
+
 def render(report: dict[str, Any], console: Console, limit: int = 20) -> None:
     p = report["process"]
     console.print(
         f"[bold]pid {p.get('pid')}[/] {' '.join(p.get('argv') or [])[:100]}  "
         f"python {p.get('python')}  {_num(p.get('duration_s'), '{:.1f}')} s  {_num(p.get('samples'))} samples  "
         f"overhead {_pct(p.get('overhead'))}% of budget {_pct(p.get('budget'))}%"
+        + ("  [yellow]paused[/]" if p.get("paused") else "")
     )
+    if p.get("reset_t") is not None:
+        console.print(f"[dim]statistics since the reset at {_clock(p['reset_t'])}[/]")
+    marks = p.get("marks") or []
+    if marks:
+        shown = marks[-MARKS_LISTED:]
+        more = f" (the last {len(shown)} of {len(marks)})" if len(marks) > len(shown) else ""
+        console.print(f"marks{more}: " + ", ".join(f"{_clock(m['t'])} {m['name']}" for m in shown))
     if report["status"]:
         line = Text()
         for name, st in sorted(report["status"].items()):

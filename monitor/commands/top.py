@@ -43,7 +43,7 @@ def _sessions_table(sessions: list[dict[str, Any]]) -> Table:
     for s in sessions:
         table.add_row(
             str(s["pid"]),
-            "attached" if s["connected"] else "gone",
+            ("paused" if s.get("paused") else "attached") if s["connected"] else "gone",
             f"{s['samples']:,}",
             f"{100 * s['overhead']:.2f}%",
             f"{100 * s['budget']:.2f}%",

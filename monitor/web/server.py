@@ -133,6 +133,7 @@ class Dashboard:
         app.router.add_get("/api/summary", self._summary_handler)
         app.router.add_post("/api/control", self._control)
         app.router.add_post("/api/budget", self._budget)
+        app.router.add_post("/api/pause", self._pause)
         app.router.add_post("/api/search/new", self._search_new)
         app.router.add_post("/api/search/run", self._search_run)
         app.router.add_post("/api/diagnose", self._diagnose)
@@ -469,6 +470,25 @@ class Dashboard:
             except AttachError as exc:
                 raise BadRequest(str(exc)) from None
         return _json({"ok": True, "budget": budget, "message": f"budget of {session.pid} set to {100 * budget:g}%"})
+
+    async def _pause(self, request: web.Request) -> web.Response:
+        """Pause, resume or reset: through the agent's connection, as ``dyper pause PID`` does."""
+        body = await self._body(request)
+        session = self._session(body)
+        action = body.get("action")
+        if action not in ("pause", "resume", "reset"):
+            raise BadRequest("action is pause, resume or reset")
+        message = {"paused": action == "pause"} if action != "reset" else {"reset": True}
+        if not self.monitor.send_to_pid(session.pid, protocol.CONFIGURE, message):
+            from monitor.attach import AttachError, control
+
+            try:
+                if not await asyncio.to_thread(control, session.pid, action):
+                    raise BadRequest(f"no dyper agent is running in process {session.pid}")
+            except AttachError as exc:
+                raise BadRequest(str(exc)) from None
+        done = {"pause": "paused", "resume": "resumed", "reset": "reset the statistics of"}[action]
+        return _json({"ok": True, "message": f"{done} {session.pid}"})
 
     async def _search_new(self, request: web.Request) -> web.Response:
         """A bottleneck search over a window (or the window minus a base window: the comparative profile)."""

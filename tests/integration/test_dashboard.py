@@ -3,7 +3,8 @@
 One monitor (``dyper monitor --http``), one demo service (no agent at first)
 and one browser are shared by the tests of this module, which run in order
 like a user's visit: find the process, attach from the page, read its
-summary, change its budget, look at the call tree, search, diagnose, detach.
+summary, change its budget, pause and resume it, look at the call tree, search,
+diagnose, detach.
 
 Needs Debian's ``chromium`` and ``chromium-driver`` (scripts/test.sh installs
 them when it can). Without them these tests fail, saying how to install them,
@@ -182,6 +183,17 @@ def test_changing_the_budget_on_the_page_reaches_the_agent(dashboard):
     page.until("document.getElementById('budget-now').textContent === '5%'", "the new budget on the page")
     page.until("document.querySelector('#top-functions td .fn')", "top functions")
     page.screenshot("summary")
+
+
+def test_pausing_and_resuming_from_the_page(dashboard):
+    monitor, target, page = dashboard.monitor, dashboard.target, dashboard.page
+    toggle = "document.getElementById('pause-toggle')"
+    page.js(f"{toggle}.click()")
+    wait_for(lambda: monitor.session(target.pid)["paused"], what="the agent paused")
+    page.until(f"{toggle}.textContent === 'Resume'", "the Resume button")
+    page.js(f"{toggle}.click()")
+    wait_for(lambda: not monitor.session(target.pid)["paused"], what="the agent resumed")
+    page.until(f"{toggle}.textContent === 'Pause'", "the Pause button")
 
 
 def test_cpu_table_and_flame_graph_render(dashboard):

@@ -430,6 +430,12 @@
         h("div", null, h("span", { class: "big", id: "budget-now" }), h("span", { class: "dim", id: "budget-spent" })),
         h("div", { class: "budget-row" }, range, number, h("span", { class: "dim", text: "%" }),
           h("button", { class: "btn primary", id: "budget-set", text: "Set", onclick: setBudget })),
+        h("div", { class: "budget-row" },
+          h("button", { class: "btn", id: "pause-toggle", text: "Pause", onclick: togglePause,
+            title: "stop sampling and detailing; the agent stays attached and costs nothing" }),
+          h("button", { class: "btn", id: "stats-reset", text: "Reset", onclick: resetStats,
+            title: "start the whole-run statistics afresh; the history keeps what came before" }),
+          h("span", { class: "dim", id: "pause-state" })),
         h("dl", { class: "kv", id: "budget-kv" })),
       h("div", { class: "card span-4" }, h("h2", { text: "Noteworthy" }), h("ul", { class: "findings", id: "findings" },
         h("li", { class: "info", text: "the diagnosis runs every few seconds…" }))),
@@ -450,6 +456,20 @@
       toast(r.message);
     }, function (err) { toast(err.message, true); }).then(function () { button.disabled = false; });
   }
+
+  function pauseControl(action, button) {
+    button.disabled = true;
+    return api("api/pause", { pid: state.pid, start_time: state.start, action: action }).then(function (r) {
+      toast(r.message);
+    }, function (err) { toast(err.message, true); }).then(function () { button.disabled = false; });
+  }
+
+  function togglePause() {
+    var button = document.getElementById("pause-toggle");
+    pauseControl(button.getAttribute("data-paused") === "1" ? "resume" : "pause", button);
+  }
+
+  function resetStats() { pauseControl("reset", document.getElementById("stats-reset")); }
 
   function lightColor(problem, confidence) {
     var hue = 120 * (1 - Math.max(0, Math.min(1, problem)));
@@ -491,6 +511,10 @@
       range.value = Math.log10(100 * info.budget);
     }
     input.oninput = function () { input.setAttribute("data-touched", "1"); };
+    var toggle = document.getElementById("pause-toggle");
+    toggle.setAttribute("data-paused", info.paused ? "1" : "0");
+    toggle.textContent = info.paused ? "Resume" : "Pause";
+    document.getElementById("pause-state").textContent = info.paused ? "paused: no sampling, no detailing" : "";
     var kv = clear(document.getElementById("budget-kv"));
     var rows = [];
     Object.keys(sp.now || {}).sort().forEach(function (k) { rows.push(["now: " + k, pct(sp.now[k], 3)]); });
