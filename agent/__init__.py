@@ -9,6 +9,7 @@ Usage from inside a program (or a container's entry point)::
     agent.pause()              # no sampling, no detailing: costs nothing
     agent.resume()
     agent.reset()              # the whole-run profile starts afresh here
+    agent.boost("10%", 30)     # a higher budget for 30 s (never past start's ceiling)
     agent.stop()               # leaves the process as it was
 
 Each of these does nothing when no agent runs, so a program may call them
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_MONITOR",
     "agent_id",
+    "boost",
     "is_running",
     "mark",
     "pause",
@@ -155,7 +157,7 @@ def start(
 
     ``monitor`` defaults to ``$DYPER_MONITOR`` and then :data:`DEFAULT_MONITOR`;
     ``budget`` (``"1%"`` or ``0.01``) to ``$DYPER_BUDGET`` and then 1%.
-    ``ceiling`` caps every later budget change. ``proflets`` names the
+    ``ceiling`` (default ``$DYPER_CEILING``) caps every later budget change and boost. ``proflets`` names the
     proflets whose collectors run (default: the built-ins; a
     :class:`agent.proflet.Collector` instance may stand for a name), then
     ``$DYPER_PROFLETS`` (comma-separated; empty for sampling only; ``all``
@@ -175,6 +177,8 @@ def start(
     )
     endpoint = check_endpoint(monitor or os.environ.get("DYPER_MONITOR") or DEFAULT_MONITOR, curve=curve is not None)
     fraction = parse_budget(budget if budget is not None else os.environ.get("DYPER_BUDGET", "1%"))
+    if ceiling is None:
+        ceiling = os.environ.get("DYPER_CEILING") or None
     cap = parse_budget(ceiling) if ceiling is not None else None
     return _start(endpoint, fraction, cap, attach_token, proflets, curve)
 
@@ -264,6 +268,27 @@ def reset() -> None:
     current = _running()
     if current is not None:
         current.reset()
+
+
+#: The longest boost: a longer one is a budget change (set_budget), which the user sees as one.
+MAX_BOOST_S = 3600.0
+
+
+def boost(budget: float | str, seconds: float) -> None:
+    """Raise the budget to ``budget`` for ``seconds``, then return to the one before.
+
+    Never past the ceiling given to :func:`start` (``dyper attach --ceiling``,
+    ``$DYPER_CEILING``). Raises ValueError for a budget out of range or
+    seconds outside (0, 3600].
+    """
+    from agent.protocol import parse_budget
+
+    fraction = parse_budget(budget)
+    if not 0 < seconds <= MAX_BOOST_S:
+        raise ValueError(f"boost for {seconds!r} s: give seconds from 0 to {MAX_BOOST_S:g}")
+    current = _running()
+    if current is not None:
+        current.boost(fraction, float(seconds))
 
 
 def mark(name: str) -> None:

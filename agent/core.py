@@ -366,6 +366,11 @@ class Agent:
         self._pending_pause: bool | None = None
         #: statistics start afresh: the sampler sends what it has, then a reset mark
         self._pending_reset = False
+        #: (budget, seconds) of a boost asked for (see boost)
+        self._pending_boost: tuple[float, float] | None = None
+        #: while a boost runs: when it ends, and the budget it returns to
+        self._boost_until: float | None = None
+        self._boost_base = budget
         #: no samples, no bursts, no ticker: only a report now and then (see PAUSED_REPORT_S)
         self.paused = False
         #: [wall time, name, kind] for the next report; kind is mark, pause, resume or reset
@@ -563,6 +568,15 @@ class Agent:
 
     def resume(self) -> None:
         self._pending_pause = False
+        self._wake()
+
+    def boost(self, budget: float, seconds: float) -> None:
+        """Raise the budget to ``budget`` (never past the ceiling) for ``seconds``, then return to the one before.
+
+        A boost never lowers the budget; another boost extends the running one
+        from now; a budget change (set_budget, the monitor) ends it.
+        """
+        self._pending_boost = (budget, seconds)
         self._wake()
 
     def reset(self) -> None:
@@ -764,9 +778,24 @@ class Agent:
                 # or the loop would wake at once, again and again.
                 delay = max(self.report_delay_s, PAUSED_REPORT_S) if self.paused else self.report_delay_s
                 next_report = self.clock() + self._jitter(delay, spread=0.1)
+            boost = self._pending_boost
+            if boost is not None:
+                self._pending_boost = None
+                raised, seconds = boost
+                if self._boost_until is None:
+                    self._boost_base = self.budget
+                self._boost_until = self.clock() + seconds
+                self._apply_budget(max(raised, self._boost_base))
+                self.mark(f"boost to {100 * self.budget:g}% for {seconds:g} s", "boost")
+                next_sample = min(next_sample, self.clock() + self.sample_delay_s)
+            elif self._boost_until is not None and now >= self._boost_until:
+                self._boost_until = None
+                self._apply_budget(self._boost_base)
+                self.mark(f"boost over: back to {100 * self.budget:g}%", "boost")
             budget = self._pending_budget
             if budget is not None:
                 self._pending_budget = None
+                self._boost_until = None  # the budget the user or the monitor sets now stands
                 self._apply_budget(budget)
                 next_sample = min(next_sample, self.clock() + self.sample_delay_s)
                 # The views should show the new budget soon, not after a report
@@ -790,6 +819,7 @@ class Agent:
                 next_sample,
                 next_report,
                 self._detail_at if self.proflet_costs and not self.paused else math.inf,
+                self._boost_until if self._boost_until is not None else math.inf,
                 next_hello if not self._hello_sent and hello_wait < HELLO_RETRY_S else math.inf,
             )
             # Round up: a sub-millisecond wait truncated to poll(0) would make

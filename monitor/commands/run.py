@@ -39,6 +39,9 @@ AUTOSTART_DIR = str(Path(__file__).resolve().parent.parent / "autostart")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", type=budget_arg, default=0.01, help="overhead budget, e.g. 1%% (default 1%%)")
+    parser.add_argument(
+        "--ceiling", type=budget_arg, help="no later budget change or boost (agent.boost) may exceed this"
+    )
     parser.add_argument("--duration", type=duration_arg, help="stop after this many seconds")
     parser.add_argument("--monitor", metavar="ENDPOINT", help="stream to a standing monitor (dyper monitor)")
     add_key_arguments(parser)
@@ -125,10 +128,13 @@ def child_env(
     *,
     monitor_key: str | None = None,
     key: str | None = None,
+    ceiling: float | None = None,
 ) -> dict[str, str]:
     env = dict(os.environ)
     env["DYPER_MONITOR"] = endpoint
     env["DYPER_BUDGET"] = repr(budget)
+    if ceiling is not None:
+        env["DYPER_CEILING"] = repr(ceiling)
     # Keys from our environment must not reach an agent meant to go without them.
     env.pop("DYPER_MONITOR_KEY", None)
     env.pop("DYPER_KEY", None)
@@ -167,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
         out = open(log, "wb") if log is not None else None  # noqa: SIM115  closed with the child
         try:
             proc = await asyncio.create_subprocess_exec(
-                *command, env=child_env(endpoint, args.budget, errfile), stdout=out, stderr=out
+                *command, env=child_env(endpoint, args.budget, errfile, ceiling=args.ceiling), stdout=out, stderr=out
             )
         finally:
             if out is not None:
@@ -212,7 +218,8 @@ def _run_with_standing_monitor(
             client.call("ping")
         except MonitorUnreachable as exc:
             raise CliError(str(exc)) from None
-        proc = subprocess.Popen(command, env=child_env(args.monitor, args.budget, monitor_key=monitor_key, key=key))
+        env = child_env(args.monitor, args.budget, monitor_key=monitor_key, key=key, ceiling=args.ceiling)
+        proc = subprocess.Popen(command, env=env)
         try:
             proc.wait(timeout=args.duration)
         except subprocess.TimeoutExpired:

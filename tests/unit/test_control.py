@@ -61,7 +61,8 @@ class Monitor:
 
 
 @pytest.fixture
-def rig() -> Iterator[tuple[Agent, Monitor]]:
+def rig(request: pytest.FixtureRequest) -> Iterator[tuple[Agent, Monitor]]:
+    ceiling = getattr(request, "param", None)
     monitor = Monitor()
     stop = threading.Event()
 
@@ -71,7 +72,7 @@ def rig() -> Iterator[tuple[Agent, Monitor]]:
 
     worker = threading.Thread(target=busy, daemon=True)
     worker.start()
-    a = Agent(monitor.endpoint, 0.05, proflets=())
+    a = Agent(monitor.endpoint, 0.05, ceiling=ceiling, proflets=())
     a.start()
     try:
         yield a, monitor
@@ -117,6 +118,24 @@ def test_the_monitor_pauses_and_resets_through_configure(rig):
     with_mark = next(i for i, r in enumerate(monitor.reports) if ("reset", "reset") in _marks([r]))
     assert with_mark >= 1 and not monitor.reports[with_mark].get("paused")
     assert not a.paused
+
+
+@pytest.mark.parametrize("rig", [0.1], indirect=True)
+def test_a_boost_raises_the_budget_up_to_the_ceiling_for_its_time_then_returns(rig):
+    a, monitor = rig
+    monitor.until("a report", lambda: bool(monitor.reports))
+    a.boost(0.25, 1.5)
+    monitor.until("the boost", lambda: a.budget == 0.1)  # 25% asked, the ceiling is 10%
+    boosted = time.monotonic()
+    monitor.until("the end of the boost", lambda: a.budget == 0.05)
+    assert time.monotonic() - boosted > 1.0
+    monitor.until("the marks", lambda: [k for _, k in _marks(monitor.reports)].count("boost") == 2)
+    # A budget change during a boost stands: the boost does not return to the old one.
+    a.boost(0.08, 1.0)
+    monitor.until("the second boost", lambda: a.budget == 0.08)
+    a.set_budget(0.02)
+    monitor.pump(1.5)
+    assert a.budget == 0.02
 
 
 def test_marks_past_the_limit_drop_the_oldest_and_are_counted():
@@ -165,3 +184,18 @@ def test_a_reset_starts_the_whole_run_afresh_and_the_windows_keep_the_old():
     assert restored.duration_s() == pytest.approx(4.0)
     assert restored.reset_t == 1000.5
     assert len(restored.marks) == 2
+
+
+def test_the_module_calls_check_their_arguments_and_do_nothing_without_an_agent():
+    import agent
+
+    assert not agent.is_running()
+    for bad in (("200%", 5), ("5%", 0), ("5%", 3601), ("five", 5)):
+        with pytest.raises(ValueError):
+            agent.boost(*bad)
+    agent.boost("5%", 5)  # no agent here: nothing to raise
+    agent.pause()
+    agent.resume()
+    agent.reset()
+    agent.mark("nobody listens")
+    assert not agent.is_running()
