@@ -105,6 +105,11 @@ LOC_WAIT: Final = 8
 LOC_IO: Final = 16
 LOC_SLEEP: Final = 32
 
+#: The file of the frame ``agent.tag`` puts under a tagged function: its name is TAG_PREFIX + the tag,
+#: so every sample taken inside carries the tag as a frame, whichever sampler took it.
+TAG_FILE: Final = "<dyper tag>"
+TAG_PREFIX: Final = "tag:"
+
 
 #: Every byte but those a msgpack array or map header starts with (fixmap, fixarray, array 16/32, map 16/32).
 _NOT_HEADERS: Final = bytes(b for b in range(256) if not (0x80 <= b <= 0x9F or 0xDC <= b <= 0xDF))

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.protocol import TAG_FILE, TAG_PREFIX
 from monitor.session import Frame, Session, StackKey
 from proflets import cpu as cpu_proflet
 from proflets.cpu import FLOOR_PCT
@@ -152,6 +153,26 @@ class Profile:
             "stacks": [[s.thread, s.wall, s.cpu, list(s.frames)] for s in self.stacks],
             **({"proflets": self.proflets} if self.proflets else {}),
         }
+
+    # --- tags (agent.tag) ------------------------------------------------------------
+
+    def tags(self, metric: Metric = "cpu") -> dict[str, int]:
+        """Samples inside each tag (a stack under two tags counts for both), by tag name."""
+        names = {i: f.name[len(TAG_PREFIX) :] for i, f in enumerate(self.frames) if f.file == TAG_FILE}
+        out: dict[str, int] = {}
+        for s in self.stacks:
+            for name in {names[i] for i in s.frames if i in names}:
+                out[name] = out.get(name, 0) + _value(s, metric)
+        return out
+
+    def with_tag(self, name: str) -> Profile:
+        """The samples taken inside tag ``name`` only; ``process`` says which tag (``tag``)."""
+        label = TAG_PREFIX + name
+        inside = {i for i, f in enumerate(self.frames) if f.file == TAG_FILE and f.name == label}
+        stacks = [s for s in self.stacks if not inside.isdisjoint(s.frames)]
+        process = dict(self.process, tag=name, tag_samples=sum(s.wall for s in stacks))
+        # The proflets' sections are the whole process's: they do not split by tag.
+        return Profile(self.frames, stacks, dict(self.threads), process, dict(self.paths))
 
     # --- analyses --------------------------------------------------------------------
 

@@ -78,6 +78,9 @@ def report_of(profile: Profile) -> dict[str, Any]:
         "reset_t": p.get("reset_t"),
         "marks": [{"t": m[0], "name": m[1], "kind": m[2]} for m in p.get("marks") or ()],
     }
+    if p.get("tag") is not None:
+        # Only the samples inside functions with this tag (agent.tag): the tables are over them.
+        process.update(tag=p["tag"], tag_samples=p.get("tag_samples"))
     sections = profile.proflets or {}
     results = dict(sections.get("results") or {})
     if "cpu" not in results:

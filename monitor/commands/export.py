@@ -80,6 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(pprof and json carry both)",
     )
     parser.add_argument("--libraries", action="store_true", help="charge library time to the calling app line")
+    parser.add_argument("--tag", metavar="NAME", help="only the samples inside functions tagged NAME (agent.tag)")
     parser.add_argument(
         "--service",
         action="store_true",
@@ -152,6 +153,13 @@ def run(args: argparse.Namespace) -> int:
         what += spec.describe() if spec is not None else "whole run"
     else:
         raise CliError(f"no such file: {source}")
+    if args.tag is not None:
+        tags = profile.tags(args.metric)
+        if args.tag not in tags:
+            known = ", ".join(sorted(tags)) or "none (decorate functions with @agent.tag(NAME))"
+            raise CliError(f"no {args.metric} samples inside tag {args.tag!r} in {what}; the tags seen: {known}")
+        profile = profile.with_tag(args.tag)
+        what += f", tag {args.tag}"
     samples = profile.total(args.metric)
     if samples == 0:
         raise CliError(f"no {args.metric} samples in {what}: nothing written")

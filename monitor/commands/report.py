@@ -35,10 +35,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="the machine-readable report")
     parser.add_argument("--last", type=duration_arg, metavar="N", help="with a PID: the last N seconds only")
     parser.add_argument("--limit", type=int, default=20, help="rows per table (default 20)")
+    parser.add_argument(
+        "--tag", metavar="NAME", help="only the samples taken inside functions tagged NAME (agent.tag): cpu tables"
+    )
     add_monitor_argument(parser, ", for PIDs")
 
 
 def load_report(args: argparse.Namespace) -> dict[str, Any]:
+    if getattr(args, "tag", None) is not None:
+        return _tagged_report(args)
     source = args.source
     if os.path.exists(source):
         if args.last is not None:
@@ -63,6 +68,46 @@ def load_report(args: argparse.Namespace) -> dict[str, Any]:
             client.timeout = QUERY_TIMEOUT_S
             report: dict[str, Any] = client.call("report", **call)
             return report
+    except (MonitorUnreachable, MonitorRefused) as exc:
+        raise CliError(str(exc)) from None
+
+
+def _tagged_report(args: argparse.Namespace) -> dict[str, Any]:
+    """The cpu part of the report over the samples inside tag ``args.tag`` (the other proflets do not split by tag)."""
+    from monitor.profile import Profile
+    from monitor.report import report_of
+
+    source = args.source
+    try:
+        if os.path.exists(source):
+            if args.last is not None:
+                raise CliError("a saved profile has no time line: --last needs a PID", code=2)
+            profile = Profile.load(source)
+        elif source.isdigit() and int(source) > 0:
+            profile = _profile_from_monitor(args, int(source))
+        else:
+            raise CliError(f"{source}: no such file, and not a PID", code=2)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    tags = profile.tags("wall")
+    if args.tag not in tags:
+        known = ", ".join(sorted(tags)) or "none (decorate functions with @agent.tag(NAME))"
+        raise CliError(f"no samples inside tag {args.tag!r}; the tags seen: {known}")
+    return report_of(profile.with_tag(args.tag))
+
+
+def _profile_from_monitor(args: argparse.Namespace, pid: int) -> Any:
+    from monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
+    from monitor.profile import Profile
+
+    call: dict[str, object] = {"pid": pid}
+    if args.last is not None:
+        call["window_s"] = args.last
+    try:
+        with MonitorClient(args.monitor, timeout=PING_TIMEOUT_S) as client:
+            client.call("ping")
+            client.timeout = QUERY_TIMEOUT_S
+            return Profile.from_json(client.call("profile", **call), f"pid {pid}")
     except (MonitorUnreachable, MonitorRefused) as exc:
         raise CliError(str(exc)) from None
 
@@ -124,6 +169,8 @@ def render(report: dict[str, Any], console: Console, limit: int = 20) -> None:
         f"overhead {_pct(p.get('overhead'))}% of budget {_pct(p.get('budget'))}%"
         + ("  [yellow]paused[/]" if p.get("paused") else "")
     )
+    if p.get("tag") is not None:
+        console.print(f"only the samples inside tag [bold]{p['tag']}[/] ({_num(p.get('tag_samples'))} samples)")
     if p.get("reset_t") is not None:
         console.print(f"[dim]statistics since the reset at {_clock(p['reset_t'])}[/]")
     marks = p.get("marks") or []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from typing import Any
 
@@ -58,3 +59,24 @@ def test_pause_without_an_agent_is_one_line_saying_what_to_do(standing_monitor):
         assert out.stderr.count("\n") == 1 and f"dyper attach {target.pid}" in out.stderr
     finally:
         stop(target)
+
+
+def test_tagged_functions_split_the_profile_in_report_and_export(tmp_path):
+    prof = tmp_path / "prof.json"
+    target = [sys.executable, str(TARGETS / "tagged.py"), "5"]
+    dyper("run", "--budget", "5%", "-q", "-o", str(prof), "--", *target, check=True)
+
+    def functions(tag: str) -> set[str]:
+        out = dyper("report", str(prof), "--tag", tag, "--json", check=True)
+        report = json.loads(out.stdout)
+        assert report["process"]["tag"] == tag
+        return {f["name"] for f in report["proflets"]["cpu"]["functions"] if f["total_pct"] >= 5}
+
+    assert "pay" in functions("checkout") and "find" not in functions("checkout")
+    assert "find" in functions("search") and "pay" not in functions("search")
+    collapsed = tmp_path / "search.collapsed"
+    dyper("export", str(prof), "--tag", "search", "-o", str(collapsed), check=True)
+    lines = collapsed.read_text().splitlines()
+    assert lines and all("tag:search" in line for line in lines)
+    missing = dyper("report", str(prof), "--tag", "nope")
+    assert missing.returncode != 0 and "checkout" in missing.stderr and "search" in missing.stderr
