@@ -43,6 +43,8 @@ ARGUMENTS: list[Case] = [
     (["top", "0"], "'0'", ("not a process id",)),
     (["detach", "-5"], "'-5'", ("not a process id",)),
     (["budget", "abc", "5%"], "'abc'", ("not a process id",)),
+    (["pause", "0"], "'0'", ("not a process id",)),
+    (["reset", "x"], "'x'", ("not a process id",)),
     # not an endpoint at all
     *[
         ([cmd, *pid, "--monitor", bad], repr(bad), ("use tcp://HOST:PORT or ipc://PATH",))
@@ -60,6 +62,8 @@ PROCESSES: list[Case] = [
     (["detach", NO_PID, "--monitor", CLOSED], NO_PID, ("check the PID",)),
     (["budget", SLEEP, "5%", "--monitor", CLOSED], SLEEP, ("pass the PID of the python process",)),
     (["detach", SLEEP, "--monitor", CLOSED], SLEEP, ("pass the PID of the python process",)),
+    *[([op, NO_PID, "--monitor", CLOSED], NO_PID, ("check the PID",)) for op in ("pause", "resume", "reset")],
+    (["pause", SLEEP, "--monitor", CLOSED], SLEEP, ("pass the PID of the python process",)),
     # a monitor that knows nothing of the process
     (["top", NO_PID, "--monitor", KNOWN_NOTHING, "--once"], NO_PID, ("attach to it first",)),
     (["report", NO_PID, "--monitor", KNOWN_NOTHING], NO_PID, ("attach to it first",)),

@@ -31,7 +31,7 @@ def test_pause_resume_reset_from_the_cli_and_a_mark_from_inside(standing_monitor
         wait_for(lambda: session()["paused"], what="the session paused")
         time.sleep(1.5)  # what was sampled before the pause has arrived
         paused_at = session()["samples"]
-        time.sleep(3.0)  # at 5% a running agent reports every second or so, with tens of samples each
+        time.sleep(2.5)  # at 5% a running agent reports every second or so, with tens of samples each
         assert session()["samples"] == paused_at
 
         dyper("resume", pid, "--monitor", ep, check=True)
@@ -63,7 +63,7 @@ def test_pause_without_an_agent_is_one_line_saying_what_to_do(standing_monitor):
 
 def test_tagged_functions_split_the_profile_in_report_and_export(tmp_path):
     prof = tmp_path / "prof.json"
-    target = [sys.executable, str(TARGETS / "tagged.py"), "5"]
+    target = [sys.executable, str(TARGETS / "tagged.py"), "3"]
     dyper("run", "--budget", "5%", "-q", "-o", str(prof), "--", *target, check=True)
 
     def functions(tag: str) -> set[str]:
