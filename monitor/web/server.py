@@ -50,6 +50,8 @@ from monitor.windows import WindowSpec
 DEFAULT_WINDOW = "-60s:"
 PROCESSES_EVERY_S = 3.0
 DIAGNOSIS_EVERY_S = 5.0
+#: Marks the overhead plot draws (the newest).
+MARKS_PLOTTED = 100
 #: overhead-over-time buckets across a session at most
 TIMELINE_BUCKETS = 120
 #: search sessions kept (one per page that searched, the oldest forgotten first)
@@ -290,6 +292,8 @@ class Dashboard:
             # the service this process belongs to: the call tree can merge its processes
             "service": service_of(self.monitor.sessions.values(), session).info(),
             "samples_per_s": samples_per_s(session),
+            # [wall time, name, kind]: agent.mark, pause, resume, reset, boost (the overhead plot shows them)
+            "marks": [list(m) for m in list(session.marks)[-MARKS_PLOTTED:]],
             "window": {
                 "text": window_text,
                 "description": spec.describe(),

@@ -195,6 +195,24 @@ def threads_and_fds(pid: int) -> tuple[int, int]:
     return len(os.listdir(f"/proc/{pid}/task")), len(os.listdir(f"/proc/{pid}/fd"))
 
 
+def threads_and_fds_named(pid: int) -> str:
+    """The threads (by name) and open files of ``pid``: what a failed threads_and_fds check should show."""
+    names = []
+    for tid in sorted(os.listdir(f"/proc/{pid}/task")):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:
+            names.append(f"{tid} (gone)")
+    fds = []
+    for fd in sorted(os.listdir(f"/proc/{pid}/fd"), key=int):
+        try:
+            fds.append(f"{fd}->{os.readlink(f'/proc/{pid}/fd/{fd}')}")
+        except OSError:
+            fds.append(f"{fd} (gone)")
+    return f"threads {names}, fds {fds}"
+
+
 def load_json(path: Path) -> dict[str, object]:
     return json.loads(path.read_text())
 

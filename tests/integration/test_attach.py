@@ -23,6 +23,7 @@ from tests.integration.conftest import (
     start_target,
     stop,
     threads_and_fds,
+    threads_and_fds_named,
     truth_share,
     wait_for,
 )
@@ -98,7 +99,10 @@ def test_detach_leaves_the_process_as_it_was_and_reattach_works(sleeping_main_ta
             assert detach(target.pid), "no agent was running"
         # The bootstrap's thread and the sampler's OS thread finish exiting just
         # after detach() returns; what must not happen is growth that stays.
-        wait_for(lambda: threads_and_fds(target.pid) == counts, timeout=10, what=f"back to {counts}")
+        try:
+            wait_for(lambda: threads_and_fds(target.pid) == counts, timeout=10, what=f"back to {counts}")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; left: {threads_and_fds_named(target.pid)}") from None
     finally:
         monitor.close()
     after = probe(target.pid, tmp_path)

@@ -194,6 +194,10 @@ def test_pausing_and_resuming_from_the_page(dashboard):
     page.js(f"{toggle}.click()")
     wait_for(lambda: not monitor.session(target.pid)["paused"], what="the agent resumed")
     page.until(f"{toggle}.textContent === 'Pause'", "the Pause button")
+    # Pause and resume are marks: lines on the overhead plot, named on hover.
+    marks = "document.querySelectorAll('#plot svg line.mark-pause, #plot svg line.mark-resume')"
+    page.until(f"{marks}.length >= 2", "the pause and resume marks on the plot")
+    assert "pause" in page.js("return document.querySelector('#plot svg line.mark-pause title').textContent")
 
 
 def test_cpu_table_and_flame_graph_render(dashboard):

@@ -51,6 +51,9 @@
     return Math.round(s / 86400) + " days ago";
   }
   function clock(t) { var d = new Date(t * 1000); return d.toTimeString().slice(0, 8); }
+  function escapeXml(text) {
+    return String(text).replace(/[&<>"']/g, function (c) { return "&#" + c.charCodeAt(0) + ";"; });
+  }
 
   function toast(text, isError) {
     var box = h("div", { class: isError ? "err" : "", text: text });
@@ -522,7 +525,7 @@
     if (sp.scheduler) rows.push(["timings from", sp.scheduler === "monitor" ? "the monitor (DYMON)" : "the agent itself"]);
     rows.forEach(function (r) { kv.appendChild(h("dt", { text: r[0] })); kv.appendChild(h("dd", { text: r[1] })); });
 
-    drawPlot(document.getElementById("plot"), s.overhead);
+    drawPlot(document.getElementById("plot"), s.overhead, s.marks || []);
     var cpu = (s.proflets && s.proflets.cpu && s.proflets.cpu.functions) || [];
     var top = clear(document.getElementById("top-functions"));
     top.appendChild(sortableTable("top", cpu, { limit: 8, columns: ["name", "self_pct", "total_pct", "base_s", "calls_per_s"],
@@ -530,7 +533,7 @@
     updateFindings();
   }
 
-  function drawPlot(box, overhead) {
+  function drawPlot(box, overhead, marks) {
     var pts = (overhead && overhead.points) || [];
     document.getElementById("plot-sub").textContent = pts.length ? "(whole session, " + overhead.bucket_s + " s per point)" : "";
     if (pts.length < 1) { clear(box).appendChild(h("div", { class: "empty", text: "no reports yet" })); return; }
@@ -554,6 +557,14 @@
       return (i ? "H" + x(p.t).toFixed(1) + "V" : "M" + x(p.t).toFixed(1) + ",") + y(p.budget).toFixed(1);
     }).join("") + "H" + (W - R);
     svg.push('<path class="spent-a" d="' + area + '"/>', '<path class="spent" d="' + line + '"/>', '<path class="budget" d="' + budget + '"/>');
+    // Marks (agent.mark, pause, resume, reset, boost): a labelled line each, the name on hover.
+    (marks || []).forEach(function (m) {
+      // A point stands for a bucket that starts at its time: the newest marks fall in the last one.
+      if (m[0] < t0 || m[0] > t1 + (overhead.bucket_s || 0)) return;
+      var mx = Math.min(x(m[0]), W - R).toFixed(1);
+      svg.push('<line class="mark mark-' + escapeXml(m[2]) + '" x1="' + mx + '" x2="' + mx + '" y1="' + T + '" y2="' + (H - B) +
+        '"><title>' + escapeXml(clock(m[0]) + " " + m[1]) + "</title></line>");
+    });
     svg.push('<text class="ax" x="' + L + '" y="' + (H - 6) + '">' + clock(t0) + "</text>");
     svg.push('<text class="ax" x="' + (W - R) + '" y="' + (H - 6) + '" text-anchor="end">' + clock(t1) + "</text>");
     svg.push("</svg>");
