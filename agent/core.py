@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from types import FrameType
@@ -149,10 +150,8 @@ DETAIL_TICK_S: Final = 0.1
 #: few, and their rates are rough (0.7 to 1.3 of the truth on the planted
 #: paced thread): there it runs only when named.
 DEFAULT_PROFLETS: Final = ("cpu",) if sys.version_info >= (3, 12) else ()
-#: Marks (agent.mark, pause, resume, reset) kept for the next report; older ones are dropped and counted.
+#: Marks (agent.mark, pause, resume, reset, boost) kept for the next report; older ones are dropped and counted.
 MAX_PENDING_MARKS: Final = 256
-#: Characters of a mark's name that are kept.
-MAX_MARK_CHARS: Final = 200
 #: While paused, reports (which tell the monitor the agent is alive and paused) go at most this often.
 PAUSED_REPORT_S: Final = 10.0
 #: Slots of the active-threads histogram (the last takes that many or more).
@@ -373,8 +372,12 @@ class Agent:
         self._boost_base = budget
         #: no samples, no bursts, no ticker: only a report now and then (see PAUSED_REPORT_S)
         self.paused = False
-        #: [wall time, name, kind] for the next report; kind is mark, pause, resume or reset
-        self._marks: list[list[Any]] = []
+        #: [wall time, name, kind] from any thread, for the next report; kind is mark, pause, resume,
+        #: reset or boost. A deque: append and popleft are atomic, so a mark made while the sampler
+        #: drains is never lost, and the oldest go first past the limit.
+        self._marks: deque[list[Any]] = deque(maxlen=MAX_PENDING_MARKS)
+        #: marks drained into a report that could not go (the sampler's own)
+        self._unsent_marks: list[list[Any]] = []
         self.endpoint = endpoint
         self.budget = budget
         self.ceiling = ceiling
@@ -553,13 +556,9 @@ class Agent:
 
     def mark(self, name: str, kind: str = "mark") -> None:
         """Put a labelled point on the timeline: it goes with the next report."""
-        marks = self._marks
-        # From any thread: list.append and del under the GIL are atomic, and the
-        # sampler swaps the list out whole when it reports.
-        marks.append([time.time(), str(name)[:MAX_MARK_CHARS], kind])
-        if len(marks) > MAX_PENDING_MARKS:
-            del marks[0]
-            self.dropped["marks"] = self.dropped.get("marks", 0) + 1
+        if len(self._marks) == MAX_PENDING_MARKS:
+            self.dropped["marks"] += 1  # the deque drops the oldest
+        self._marks.append([time.time(), str(name)[: protocol.MAX_MARK_CHARS], kind])
 
     def pause(self) -> None:
         """Stop sampling and detailing until :meth:`resume`; the agent stays attached."""
@@ -1641,7 +1640,10 @@ class Agent:
             "details": self._details_done,
             "paused": self.paused,
         }
-        marks, self._marks = self._marks, []
+        marks = self._unsent_marks
+        while self._marks:
+            marks.append(self._marks.popleft())
+        del marks[:-MAX_PENDING_MARKS]
         if marks:
             body["marks"] = marks
         if self._on_report:
@@ -1659,10 +1661,10 @@ class Agent:
             self._window_start = now
             self._window_costs = {"sample": 0.0, "report": 0.0, "detail": 0.0, "wake": 0.0}
             self.errors.clear()
+            self._unsent_marks = []
         else:
             # Keep the counts and marks: they go out with the next report that gets through.
             self.dropped["reports"] += 1
-            self._marks[:0] = marks[-MAX_PENDING_MARKS:]
         spent = _cost_clock() - t0
         self.max_op_s = max(self.max_op_s, spent)
         self._window_costs["report"] += spent

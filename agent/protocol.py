@@ -108,6 +108,8 @@ LOC_SLEEP: Final = 32
 #: The file of the frame ``agent.tag`` puts under a tagged function: its name is TAG_PREFIX + the tag,
 #: so every sample taken inside carries the tag as a frame, whichever sampler took it.
 TAG_FILE: Final = "<dyper tag>"
+#: Characters of a mark's name (agent.mark) and kind that either side keeps.
+MAX_MARK_CHARS: Final = 200
 TAG_PREFIX: Final = "tag:"
 
 

@@ -166,7 +166,14 @@ class Profile:
         return out
 
     def with_tag(self, name: str) -> Profile:
-        """The samples taken inside tag ``name`` only; ``process`` says which tag (``tag``)."""
+        """The samples taken inside tag ``name`` only; ``process`` says which tag (``tag``).
+
+        Raises ValueError, naming the tags there are, when no sample is inside it.
+        """
+        tags = self.tags("wall")
+        if name not in tags:
+            known = ", ".join(sorted(tags)) or "none (decorate functions with @agent.tag(NAME))"
+            raise ValueError(f"no samples inside tag {name!r}; the tags seen: {known}")
         label = TAG_PREFIX + name
         inside = {i for i, f in enumerate(self.frames) if f.file == TAG_FILE and f.name == label}
         stacks = [s for s in self.stacks if not inside.isdisjoint(s.frames)]

@@ -69,6 +69,8 @@ SCHEDULE_TICK_MS = 100
 #: bye (SIGKILL, the OOM killer): until it did, such a session stayed
 #: "connected" for good, and `dyper top` showed a dead process as live.
 GONE_CHECK_S = 2.0
+#: What `dyper pause`, `resume` and `reset` (and the dashboard's buttons) ask of an agent.
+CONTROLS = ("pause", "resume", "reset")
 
 
 #: The receive loop lets the event loop run (sends, the ZAP handler, replies of
@@ -495,6 +497,15 @@ class Monitor:
                 n += 1
         return n
 
+    def control(self, pid: int, op: str) -> int:
+        """Pause, resume or reset the agents of ``pid``; how many were told.
+
+        A reset goes through the agent: it sends what it has, then a reset
+        mark, and the session starts afresh at the mark (Session.reset).
+        """
+        body = {"reset": True} if op == "reset" else {"paused": op == "pause"}
+        return self.send_to_pid(pid, protocol.CONFIGURE, body)
+
     def _configure_budget(self, session: Session, budget: float) -> int:
         """Send a new budget to the session's connected agents, each with the plan for it (DYMON re-plans)."""
         now = time.monotonic()
@@ -689,7 +700,7 @@ class Monitor:
                 return reply(error="this monitor keeps no history (started with --no-history)")
             return self._answer(ident, rid, self.history.stats, lambda stats: stats, True)
         pid = args.get("pid")
-        if op in ("profile", "top", "timeline", "detach", "budget", "detail", "report", "pause", "resume", "reset"):
+        if op in ("profile", "top", "timeline", "detach", "budget", "detail", "report", *CONTROLS):
             if not isinstance(pid, int):
                 return reply(error=f"{op}: give a pid")
             start_time = args.get("start_time")
@@ -730,11 +741,8 @@ class Monitor:
                 )
             if op == "detach":
                 return reply({"detached": self.send_to_pid(pid, protocol.DETACH, {})})
-            if op in ("pause", "resume"):
-                return reply({"configured": self.send_to_pid(pid, protocol.CONFIGURE, {"paused": op == "pause"})})
-            if op == "reset":
-                # The agent sends what it has, then a reset mark; the session starts afresh at the mark.
-                return reply({"configured": self.send_to_pid(pid, protocol.CONFIGURE, {"reset": True})})
+            if op in CONTROLS:
+                return reply({"configured": self.control(pid, op)})
             if op == "detail":
                 # The bottleneck search asks for a burst where it needs one; the
                 # request joins the agent's detailing queue on its next report.

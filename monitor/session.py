@@ -32,7 +32,7 @@ import msgpack
 
 from agent import protocol
 from agent.budget import slowdown, slowdown_by
-from agent.protocol import LOC_AGENT, LOC_BLOCKING, LOC_IO, LOC_LOCK, LOC_SLEEP, MAX_ERROR_CHARS
+from agent.protocol import LOC_AGENT, LOC_BLOCKING, LOC_IO, LOC_LOCK, LOC_SLEEP, MAX_ERROR_CHARS, MAX_MARK_CHARS
 from proflets.base import Analyzer, ReportView
 
 #: (host, pid, process start time)
@@ -69,9 +69,8 @@ K = TypeVar("K", bound=Hashable)
 
 #: How long per-report deltas are kept for "now" windows.
 WINDOW_RETENTION_S = 600.0
-#: Marks a session keeps (the newest), and characters of a mark's name and kind.
+#: Marks a session keeps (the newest).
 MAX_MARKS = 1000
-MAX_MARK_CHARS = 200
 #: Stacks an agent's resolved-stack cache holds at most (some 200 bytes each); past it, it starts afresh.
 MAX_CACHED_STACKS = 20_000
 

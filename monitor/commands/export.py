@@ -154,11 +154,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         raise CliError(f"no such file: {source}")
     if args.tag is not None:
-        tags = profile.tags(args.metric)
-        if args.tag not in tags:
-            known = ", ".join(sorted(tags)) or "none (decorate functions with @agent.tag(NAME))"
-            raise CliError(f"no {args.metric} samples inside tag {args.tag!r} in {what}; the tags seen: {known}")
-        profile = profile.with_tag(args.tag)
+        try:
+            profile = profile.with_tag(args.tag)
+        except ValueError as exc:
+            raise CliError(f"{exc} ({what})") from None
         what += f", tag {args.tag}"
     samples = profile.total(args.metric)
     if samples == 0:

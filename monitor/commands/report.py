@@ -42,72 +42,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_report(args: argparse.Namespace) -> dict[str, Any]:
-    if getattr(args, "tag", None) is not None:
-        return _tagged_report(args)
-    source = args.source
-    if os.path.exists(source):
-        if args.last is not None:
-            raise CliError("a saved profile has no time line: --last needs a PID", code=2)
-        from monitor.profile import Profile
-        from monitor.report import report_of
-
-        try:
-            return report_of(Profile.load(source))
-        except ValueError as exc:
-            raise CliError(str(exc)) from None
-    if not (source.isdigit() and int(source) > 0):
-        raise CliError(f"{source}: no such file, and not a PID", code=2)
-    from monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
-
-    call: dict[str, object] = {"pid": int(source)}
-    if args.last is not None:
-        call["window_s"] = args.last
-    try:
-        with MonitorClient(args.monitor, timeout=PING_TIMEOUT_S) as client:
-            client.call("ping")
-            client.timeout = QUERY_TIMEOUT_S
-            report: dict[str, Any] = client.call("report", **call)
-            return report
-    except (MonitorUnreachable, MonitorRefused) as exc:
-        raise CliError(str(exc)) from None
-
-
-def _tagged_report(args: argparse.Namespace) -> dict[str, Any]:
-    """The cpu part of the report over the samples inside tag ``args.tag`` (the other proflets do not split by tag)."""
     from monitor.profile import Profile
     from monitor.report import report_of
 
     source = args.source
+    saved = os.path.exists(source)
+    if saved and args.last is not None:
+        raise CliError("a saved profile has no time line: --last needs a PID", code=2)
+    if not saved and not (source.isdigit() and int(source) > 0):
+        raise CliError(f"{source}: no such file, and not a PID", code=2)
     try:
-        if os.path.exists(source):
-            if args.last is not None:
-                raise CliError("a saved profile has no time line: --last needs a PID", code=2)
-            profile = Profile.load(source)
-        elif source.isdigit() and int(source) > 0:
-            profile = _profile_from_monitor(args, int(source))
-        else:
-            raise CliError(f"{source}: no such file, and not a PID", code=2)
+        if args.tag is None:
+            # From a live process the monitor's analyzers answer (the report op); from a file, what it carries.
+            return report_of(Profile.load(source)) if saved else dict(_ask_monitor(args, "report"))
+        # The samples inside one tag: the cpu tables over them (the other proflets do not split by tag).
+        profile = Profile.load(source) if saved else Profile.from_json(_ask_monitor(args, "profile"), f"pid {source}")
+        return report_of(profile.with_tag(args.tag))
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    tags = profile.tags("wall")
-    if args.tag not in tags:
-        known = ", ".join(sorted(tags)) or "none (decorate functions with @agent.tag(NAME))"
-        raise CliError(f"no samples inside tag {args.tag!r}; the tags seen: {known}")
-    return report_of(profile.with_tag(args.tag))
 
 
-def _profile_from_monitor(args: argparse.Namespace, pid: int) -> Any:
+def _ask_monitor(args: argparse.Namespace, op: str) -> Any:
+    """``op`` (report or profile) of the process ``args.source`` from the standing monitor, over ``--last``."""
     from monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
-    from monitor.profile import Profile
 
-    call: dict[str, object] = {"pid": pid}
+    call: dict[str, object] = {"pid": int(args.source)}
     if args.last is not None:
         call["window_s"] = args.last
     try:
         with MonitorClient(args.monitor, timeout=PING_TIMEOUT_S) as client:
             client.call("ping")
             client.timeout = QUERY_TIMEOUT_S
-            return Profile.from_json(client.call("profile", **call), f"pid {pid}")
+            return client.call(op, **call)
     except (MonitorUnreachable, MonitorRefused) as exc:
         raise CliError(str(exc)) from None
 

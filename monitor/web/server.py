@@ -40,7 +40,7 @@ from aiohttp import web
 
 from agent import protocol
 from monitor.profile import Profile
-from monitor.server import Monitor
+from monitor.server import CONTROLS, Monitor
 from monitor.session import Session
 from monitor.views import samples_per_s, session_info
 from monitor.web import data
@@ -480,10 +480,9 @@ class Dashboard:
         body = await self._body(request)
         session = self._session(body)
         action = body.get("action")
-        if action not in ("pause", "resume", "reset"):
+        if action not in CONTROLS:
             raise BadRequest("action is pause, resume or reset")
-        message = {"paused": action == "pause"} if action != "reset" else {"reset": True}
-        if not self.monitor.send_to_pid(session.pid, protocol.CONFIGURE, message):
+        if not self.monitor.control(session.pid, action):
             from monitor.attach import AttachError, control
 
             try:

@@ -124,11 +124,11 @@ def test_the_monitor_pauses_and_resets_through_configure(rig):
 def test_a_boost_raises_the_budget_up_to_the_ceiling_for_its_time_then_returns(rig):
     a, monitor = rig
     monitor.until("a report", lambda: bool(monitor.reports))
+    asked = time.monotonic()
     a.boost(0.25, 1.5)
     monitor.until("the boost", lambda: a.budget == 0.1)  # 25% asked, the ceiling is 10%
-    boosted = time.monotonic()
     monitor.until("the end of the boost", lambda: a.budget == 0.05)
-    assert time.monotonic() - boosted > 1.0
+    assert time.monotonic() - asked >= 1.5  # not before its time (the agent starts it after it is asked)
     monitor.until("the marks", lambda: [k for _, k in _marks(monitor.reports)].count("boost") == 2)
     # A budget change during a boost stands: the boost does not return to the old one.
     a.boost(0.08, 1.0)
@@ -145,7 +145,7 @@ def test_marks_past_the_limit_drop_the_oldest_and_are_counted():
     for i in range(MAX_PENDING_MARKS + 5):
         a.mark(f"m{i}")
     assert len(a._marks) == MAX_PENDING_MARKS
-    assert a._marks[0][1] == "m5"
+    assert a._marks[0][1] == "m5"  # the oldest went first
     assert a.dropped["marks"] == 5
 
 

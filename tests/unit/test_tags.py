@@ -67,4 +67,5 @@ def test_a_profile_counts_its_tags_and_keeps_one_of_them():
     report = report_of(only)
     assert report["process"]["tag"] == "search" and report["process"]["tag_samples"] == 60
     assert [r["name"] for r in report["proflets"]["cpu"]["functions"] if r["self_pct"] > 0] == ["find"]
-    assert p.with_tag("nothing").total("wall") == 0
+    with pytest.raises(ValueError, match="the tags seen: checkout, search"):
+        p.with_tag("nothing")
