@@ -146,19 +146,32 @@ def test_attach_details_with_stacks_and_detach_leaves_nothing(standing_monitor, 
         stop(target)
 
 
-def test_an_application_tracing_itself_is_left_alone(tmp_path):
+def test_an_application_tracing_itself_is_left_alone(standing_monitor, tmp_path):
     """The application runs tracemalloc itself: bursts leave it on and say why they traced nothing."""
-    out, truth_file = tmp_path / "prof.json", tmp_path / "truth"
-    dyper(
-        "run", "-q", "--budget", "50%", "--duration", "8", "-o", str(out), "--",
-        sys.executable, str(PLANTED), "--tracemalloc", "--truth", str(truth_file),
-        check=True, timeout=90, env={"DYPER_PROFLETS": "memory"},
-    )  # fmt: skip
-    memory = json.loads(dyper("report", str(out), "--json", check=True).stdout)["proflets"]["memory"]
-    truth = _truth(truth_file)
-    assert truth["untraced"] == 0 and truth["tracing"] == 1, truth  # never off, not even for a moment
-    assert memory["skipped"] >= 1 and "traces allocations itself" in memory["skip_reason"], memory
-    assert memory["bursts"] == 0 and memory["sites"] == []
-    # The basic analysis goes on.
-    forced = [r for r in memory["gc"]["pauses_by_site"] if r["function"] == "force_collection"]
-    assert forced and forced[0]["line"] == FORCED_LINE and forced[0]["generations"][2] > 0
+    truth_file = tmp_path / "truth"
+    target = start_target(str(PLANTED), "--tracemalloc", "--truth", str(truth_file))
+    endpoint = standing_monitor.endpoint
+    try:
+        dyper(
+            "attach", str(target.pid), "--budget", "50%", "--monitor", endpoint,
+            check=True, env={"DYPER_PROFLETS": "memory"},
+        )  # fmt: skip
+
+        def skipped_and_forced() -> dict[str, Any] | None:
+            # Waited for, not given a fixed time: on a loaded machine the first burst can come late.
+            proc = dyper("report", str(target.pid), "--json", "--monitor", endpoint, check=True)
+            memory: dict[str, Any] = json.loads(proc.stdout)["proflets"]["memory"]
+            forced = [r for r in memory["gc"]["pauses_by_site"] if r["function"] == "force_collection"]
+            return memory if memory.get("skipped") and forced else None
+
+        memory = wait_for(skipped_and_forced, timeout=60, interval=1.0, what="a skipped burst and forced collections")
+        truth = _truth(truth_file)
+        assert truth["untraced"] == 0 and truth["tracing"] == 1, truth  # never off, not even for a moment
+        assert "traces allocations itself" in memory["skip_reason"], memory
+        assert memory["bursts"] == 0 and memory["sites"] == []
+        # The basic analysis goes on.
+        forced = [r for r in memory["gc"]["pauses_by_site"] if r["function"] == "force_collection"]
+        assert forced[0]["line"] == FORCED_LINE and forced[0]["generations"][2] > 0
+    finally:
+        dyper("detach", str(target.pid), "--monitor", endpoint)
+        stop(target)
