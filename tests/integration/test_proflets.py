@@ -75,13 +75,15 @@ def _check_timing(report: dict[str, object]) -> None:
     timing = report["proflets"]["timing"]  # type: ignore[index]
     # spinners (3) and, now and then, paced
     assert 2.5 <= timing["active_threads_mean"] <= 4.5, timing
-    # Once started, at most five threads run at once (spinners, paced, leaker).
-    # While the main thread starts them, it and the new ones run too, and the
-    # agent now samples from the start: a few such samples are real. Counting
-    # every thread on a new leaf as active (a bug) put a whole drain, about 5%
-    # of the samples, at nine.
+    # Once started, the target's threads that can run at once are the spinners,
+    # paced, the sleeper between two sleeps and (in the run) the leaker. The main
+    # thread runs too while it starts them (dyper run samples from the start) or
+    # while the attach bootstrap still runs in it: a few samples at six are real
+    # (CI once had 4 of 367 after an attach). Counting every thread on a new leaf
+    # as active (a bug) put a whole drain, about 5% of the samples, at nine.
     histogram = timing["active_histogram"]
-    assert sum(histogram[6:]) <= 0.01 * sum(histogram), timing
+    assert sum(histogram[7:]) <= 0.01 * sum(histogram), timing
+    assert sum(histogram[6:]) <= 0.03 * sum(histogram), timing
     assert timing["active_threads_std"] >= 0
     assert timing["cores_used"] < 1.5, timing  # the GIL: about one core however many there are
     assert timing["cpus"] >= 1
