@@ -10,6 +10,8 @@ Usage from inside a program (or a container's entry point)::
     agent.resume()
     agent.reset()              # the whole-run profile starts afresh here
     agent.boost("10%", 30)     # a higher budget for 30 s (never past start's ceiling)
+    agent.trigger("cpu > 80% for 10s")          # catch a transient: see agent.triggers
+    agent.trigger(lambda: queue.qsize() > 1000, name="backlog")
 
     @agent.tag("checkout")     # samples taken inside carry the tag: profiles split by it
     def checkout(request): ...
@@ -50,6 +52,7 @@ __all__ = [
     "start",
     "stop",
     "tag",
+    "trigger",
 ]
 
 #: Tells dyper's bootstrap this is dyper's agent and not another package named "agent".
@@ -157,6 +160,7 @@ def start(
     proflets: tuple[Any, ...] | None = None,
     monitor_key: str | None = None,
     key: str | None = None,
+    triggers: tuple[Any, ...] | list[Any] | None = None,
 ) -> str:
     """Start the agent and return its id; if it already runs, apply the budget.
 
@@ -171,6 +175,9 @@ def start(
     agent's secret certificate), paths made by ``dyper keys``, default to
     ``$DYPER_MONITOR_KEY`` and ``$DYPER_KEY``; given, the connection uses
     CURVE, which any endpoint off loopback requires. They are read here, once.
+    ``triggers`` (text such as ``"cpu > 80% for 10s"``, or dicts as
+    ``TriggerSpec.to_json`` makes them) default to ``$DYPER_TRIGGERS``, a JSON
+    list of either; see :mod:`agent.triggers`. A bad one raises ValueError here.
     Thread-safe and idempotent.
     """
     from agent.protocol import parse_budget
@@ -185,7 +192,34 @@ def start(
     if ceiling is None:
         ceiling = os.environ.get("DYPER_CEILING") or None
     cap = parse_budget(ceiling) if ceiling is not None else None
-    return _start(endpoint, fraction, cap, attach_token, proflets, curve)
+    return _start(endpoint, fraction, cap, attach_token, proflets, curve, _trigger_specs(triggers))
+
+
+def _trigger_specs(triggers: tuple[Any, ...] | list[Any] | None) -> tuple[Any, ...]:
+    """Triggers as given, or from $DYPER_TRIGGERS (JSON), checked; raises ValueError."""
+    from agent.triggers import TriggerSpec, parse_trigger
+
+    if triggers is None:
+        raw = os.environ.get("DYPER_TRIGGERS")
+        if not raw:
+            return ()
+        import json
+
+        try:
+            triggers = json.loads(raw)
+        except ValueError:
+            raise ValueError('$DYPER_TRIGGERS is not JSON: give a list of conditions, e.g. ["cpu > 80%"]') from None
+        if not isinstance(triggers, list):
+            raise ValueError('$DYPER_TRIGGERS: give a JSON list of conditions, e.g. ["cpu > 80%"]')
+    specs = []
+    for t in triggers:
+        if isinstance(t, TriggerSpec):
+            specs.append(t.checked())
+        elif isinstance(t, str):
+            specs.append(parse_trigger(t))
+        else:
+            specs.append(TriggerSpec.from_json(t))
+    return tuple(specs)
 
 
 def _start(
@@ -195,6 +229,7 @@ def _start(
     attach_token: str | None,
     proflets: tuple[Any, ...] | None,
     curve: CurveKeys | None,
+    triggers: tuple[Any, ...] = (),
 ) -> str:
     global _agent
     with _lock:
@@ -211,6 +246,8 @@ def _start(
             kwargs["proflets"] = None  # every registered proflet
         elif proflets is not None:
             kwargs["proflets"] = tuple(proflets)
+        if triggers:
+            kwargs["triggers"] = triggers
         new = Agent(endpoint, fraction, attach_token=attach_token, ceiling=cap, curve=curve, on_exit=_on_exit, **kwargs)
         _agent = new
         _install_fork_handler()
@@ -294,6 +331,44 @@ def boost(budget: float | str, seconds: float) -> None:
     current = _running()
     if current is not None:
         current.boost(fraction, float(seconds))
+
+
+def trigger(
+    condition: str | Callable[[], object],
+    *,
+    name: str | None = None,
+    before: float | str | None = None,
+    after: float | str | None = None,
+    budget: float | str | None = None,
+) -> None:
+    """Catch a transient problem: when ``condition`` starts to hold, an event with a profile of its own.
+
+    ``condition`` is text (``"cpu > 80% for 10s"``, ``"rss + 50MB/s"``,
+    ``"blocked > 5s"``, ``"mark:NAME"``: see :mod:`agent.triggers`) or a
+    callable the agent calls about once a second, holding the GIL: it must
+    answer in microseconds (over 5 ms, or raising, switches it off, with an
+    error in the report). ``before`` and ``after`` (seconds, or ``"30s"``)
+    bound the event's window; ``budget`` is the budget while it lasts
+    (default: the ceiling, else ten times the budget, at most 10%).
+    Raises ValueError for a condition or option it cannot read.
+    """
+    from agent.triggers import TriggerSpec, parse_options, parse_trigger
+
+    settings = {"before": before, "after": after, "budget": budget}
+    if callable(condition):
+        if not name:
+            raise ValueError("a predicate trigger needs a name=, for its events")
+        spec = TriggerSpec(kind="predicate", name=str(name)[:100], **parse_options(settings, f"trigger {name!r}"))
+        spec = spec.checked()
+        predicate: Callable[[], object] | None = condition
+    else:
+        spec = parse_trigger(str(condition), settings)
+        if name:
+            spec = TriggerSpec(**{**spec.to_json(), "name": str(name)[:100]}).checked()
+        predicate = None
+    current = _running()
+    if current is not None:
+        current.add_trigger(spec, predicate)
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -395,4 +470,6 @@ def _after_fork_in_child() -> None:
         with contextlib.suppress(Exception):  # never break the child over profiling
             # The parent's keys, not the files again: a worker may have dropped
             # the privileges that could read them.
-            _start(parent.endpoint, parent.budget, parent.ceiling, None, None, parent.curve)
+            # The configured triggers; predicates added from inside are for the child's code to add again.
+            kept = tuple(st.spec for st in parent.triggers.states if st.predicate is None) if parent.triggers else ()
+            _start(parent.endpoint, parent.budget, parent.ceiling, None, None, parent.curve, kept)

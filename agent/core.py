@@ -54,6 +54,7 @@ from agent.budget import (
 from agent.proflet import Collector, DetailContext, ReportContext
 from agent.schedule import CALIBRATION_ALPHA, BurstCost, DetailScheduler, calibrate, combine, fit_interval, share_time
 from agent.tables import UNDECIDED, WAITS, Tables, forget_decoded
+from agent.triggers import CHECK_S, DEFAULT_RAISED_MAX, Fired, Ring, Triggers, TriggerSpec
 
 _fast: Any
 try:  # the optional C walker (agent/_fastsample.c); the pure-Python one is the reference
@@ -356,6 +357,7 @@ class Agent:
         clock: Clock = time.monotonic,
         on_exit: Callable[[Agent], None] | None = None,
         proflets: tuple[str | Collector, ...] | None = DEFAULT_PROFLETS,
+        triggers: tuple[TriggerSpec, ...] = (),
     ) -> None:
         self._on_exit = on_exit
         #: CURVE: (monitor's public key, our public key, our secret key), z85; None: no encryption
@@ -496,6 +498,16 @@ class Agent:
         self._closing = False
         #: the watchdog has given a sampler thread up and its replacement has not started yet
         self._handing_over = False
+        # Triggers (agent.triggers): checked by the sampler once a second while any are set.
+        self.triggers: Triggers | None = Triggers(triggers, clock) if triggers else None
+        #: (spec, predicate) added from any thread (agent.trigger), for the sampler to take
+        self._new_triggers: deque[tuple[TriggerSpec, Callable[[], object] | None]] = deque()
+        self._next_check = -math.inf if triggers else math.inf
+        self._ring = Ring()
+        #: events fired, for the next report (the sampler's own)
+        self._events: list[dict[str, Any]] = []
+        #: when the latest event's "after" ends: a report goes then, so its window ends there
+        self._event_end: float | None = None
 
     # --- control, from any thread ---------------------------------------------------
 
@@ -559,6 +571,14 @@ class Agent:
         if len(self._marks) == MAX_PENDING_MARKS:
             self.dropped["marks"] += 1  # the deque drops the oldest
         self._marks.append([time.time(), str(name)[: protocol.MAX_MARK_CHARS], kind])
+        triggers = self.triggers
+        if kind == "mark" and triggers is not None and triggers.wants_marks:
+            triggers.marked(str(name))
+
+    def add_trigger(self, spec: TriggerSpec, predicate: Callable[[], object] | None = None) -> None:
+        """Check ``spec`` from now on (a predicate trigger calls ``predicate``); the sampler takes it up."""
+        self._new_triggers.append((spec, predicate))
+        self._wake()
 
     def pause(self) -> None:
         """Stop sampling and detailing until :meth:`resume`; the agent stays attached."""
@@ -764,6 +784,13 @@ class Agent:
                 self._detail_step(self.clock())
                 self._detail_at = self._next_detail_event()
                 detailing = True
+            if self._new_triggers:
+                self._take_new_triggers(now)
+            if self.triggers is not None and not self.paused and now >= self._next_check:
+                self._check_triggers(sock, now)
+            if self._event_end is not None and now >= self._event_end:
+                self._event_end = None
+                next_report = now  # the event's window ends with this report
             if not self._hello_sent and now >= next_hello:
                 # Until the connection is up the hello cannot go; reports wait
                 # for it, their counts keep accumulating meanwhile.
@@ -819,6 +846,8 @@ class Agent:
                 next_report,
                 self._detail_at if self.proflet_costs and not self.paused else math.inf,
                 self._boost_until if self._boost_until is not None else math.inf,
+                self._next_check if self.triggers is not None and not self.paused else math.inf,
+                self._event_end if self._event_end is not None else math.inf,
                 next_hello if not self._hello_sent and hello_wait < HELLO_RETRY_S else math.inf,
             )
             # Round up: a sub-millisecond wait truncated to poll(0) would make
@@ -1512,6 +1541,7 @@ class Agent:
             # these samples (counted) rather than grow without bound.
             self.dropped["samples"] += sum(self.counts.values())
             self.counts.clear()
+            self._ring.clear(self.clock())
         if self.tables.full():
             self._restart_tables()
 
@@ -1576,34 +1606,41 @@ class Agent:
     def _restart_tables(self) -> None:
         self.dropped["samples"] += sum(self.counts.values())
         self.counts.clear()
+        self._ring.clear(self.clock())  # its counts are of the old epoch
         self._heat.clear()  # its keys are location ids of the old epoch
         self._pending.clear()  # so are these
         self.tables.restart()
 
     # --- reports and messages ------------------------------------------------------
 
-    def _thread_names(self) -> list[list[int | str]]:
+    def _thread_names(self, tids: set[int]) -> list[list[int | str]]:
         active = threading._active  # type: ignore[attr-defined]  # read-only, no lock needed
-        tids = {tid for tid, _ in self.counts}
         names: list[list[int | str]] = []
         for tid in tids:
             thread = active.get(tid)
             names.append([tid, thread.name if thread is not None else f"thread-{tid}"])
         return names
 
-    def _report(self, sock: zmq.Socket[Any]) -> None:
+    def _our_threads(self) -> set[int | None]:
+        """The watchdog and threads given up in a hung hook: ours, though the samplers see them."""
+        return {t.ident for t in threading.enumerate() if t.name in (WATCHDOG_NAME, HUNG_THREAD_NAME)}
+
+    def _report(self, sock: zmq.Socket[Any], split_at: float | None = None) -> None:
+        """Send the window's counts; with ``split_at``, what came before it first, as a report of its own."""
         if self.ticker:
             self._ticker_step(drain=True)
         t0 = _cost_clock()
         now = self.clock()
+        if split_at is not None:
+            self._ring.cut(now, self.counts, self.samples_in_window)
+            self._send_before(sock, split_at, now)
         watched = self._watch_spent_s - self._watch_charged_s
         if watched > 0:  # the watchdog's wake-ups since the last report
             self._watch_charged_s += watched
             self._window_costs["watchdog"] = self._window_costs.get("watchdog", 0.0) + watched
             self.guard.charge(watched, now, "watchdog")
-        # The watchdog and threads given up in a hung hook are ours: the samplers skip only
-        # the sampler thread, so their stacks are left out here (they are not the application).
-        ours = {t.ident for t in threading.enumerate() if t.name in (WATCHDOG_NAME, HUNG_THREAD_NAME)}
+        # The samplers skip only the sampler thread: our other threads' stacks are left out here.
+        ours = self._our_threads()
         kept = [(tid, n, stack) for (tid, stack), n in self.counts.items() if tid not in ours]
         self.tables.flag_leaves({stack[0] for _, _, stack in kept if stack})
         strings, locs = self.tables.unsent()
@@ -1617,7 +1654,7 @@ class Agent:
             "locs": locs,
             "stacks": [[tid, n, list(stack)] for tid, n, stack in kept],
             "samples": self.samples_in_window,
-            "threads": self._thread_names(),
+            "threads": self._thread_names({tid for tid, _ in self.counts}),
             # this window's sampling and earlier reports; this report's own cost goes in the next
             "costs": dict(self._window_costs),
             # what one sample and one report cost, as our own plan has them (the
@@ -1646,6 +1683,8 @@ class Agent:
         del marks[:-MAX_PENDING_MARKS]
         if marks:
             body["marks"] = marks
+        if self._events:
+            body["triggers"] = self._events[-MAX_PENDING_MARKS:]
         if self._on_report:
             body["data"] = self._collector_data(now - self._window_start)
             # with the always-on hooks' cost, charged just now
@@ -1662,6 +1701,8 @@ class Agent:
             self._window_costs = {"sample": 0.0, "report": 0.0, "detail": 0.0, "wake": 0.0}
             self.errors.clear()
             self._unsent_marks = []
+            self._events = []
+            self._ring.clear(now)
         else:
             # Keep the counts and marks: they go out with the next report that gets through.
             self.dropped["reports"] += 1
@@ -1673,6 +1714,121 @@ class Agent:
         self.report_cost_s += EWMA_ALPHA * 4 * (spent + self._report_wakes_s - self.report_cost_s)
         self._report_wakes_s = 0.0
         self._replan()
+
+    def _send_before(self, sock: zmq.Socket[Any], split_at: float, now: float) -> None:
+        """Send what the ring says was counted before ``split_at`` as a report of its own.
+
+        So the monitor's window of a trigger's event begins where the event's
+        "before" does, not where the agent's report window happened to.
+        The window's costs are shared by time; proflet data and marks stay with
+        the report that follows.
+        """
+        part = self._ring.since(split_at)
+        if part is None:
+            return
+        boundary, samples_after, after = part
+        earlier = {k: v - after.get(k, 0) for k, v in self.counts.items() if v != after.get(k, 0)}
+        # The window's costs, shared by time: the monitor's plot of spending would
+        # otherwise show the whole window's at the event.
+        share = (boundary - self._window_start) / max(now - self._window_start, 1e-9)
+        costs = {k: v * share for k, v in self._window_costs.items()}
+        ours = self._our_threads()
+        kept = [(tid, n, stack) for (tid, stack), n in earlier.items() if tid not in ours]
+        self.tables.flag_leaves({stack[0] for _, _, stack in kept if stack})
+        strings, locs = self.tables.unsent()
+        body: dict[str, Any] = {
+            "agent": self.agent_id,
+            "seq": self.seq,
+            "epoch": self.tables.epoch,
+            "t": time.time() - (now - boundary),
+            "window_s": boundary - self._window_start,
+            "strings": strings,
+            "locs": locs,
+            "stacks": [[tid, n, list(stack)] for tid, n, stack in kept],
+            "samples": self.samples_in_window - samples_after,
+            "threads": self._thread_names({tid for tid, _, _ in kept}),
+            "costs": costs,
+            "spent_s": self.guard.spent_s,
+            "startup_s": self.startup_s,
+            "elapsed_s": boundary - self.guard.started,
+            "budget": self.budget,
+            "paused": self.paused,
+        }
+        if self._send(sock, protocol.REPORT, body):
+            self.seq += 1
+            self.tables.mark_sent()
+            self.counts.clear()
+            self.counts.update(after)
+            self.samples_in_window = samples_after
+            self._window_start = boundary
+            self._window_costs = {k: v - costs[k] for k, v in self._window_costs.items()}
+
+    # --- triggers ------------------------------------------------------------------------
+
+    def _take_new_triggers(self, now: float) -> None:
+        if self.triggers is None:
+            self.triggers = Triggers((), self.clock)
+        while self._new_triggers:
+            spec, predicate = self._new_triggers.popleft()
+            try:
+                self.triggers.add(spec, predicate)
+            except ValueError as exc:
+                self.errors.append(str(exc))
+        if math.isinf(self._next_check):
+            self._next_check = now
+            # Counted since the window began: the first slice holds it all.
+            self._ring.clear(self._window_start)
+
+    def _check_triggers(self, sock: zmq.Socket[Any], now: float) -> None:
+        """Cut the ring's slice, evaluate the conditions, fire what holds."""
+        assert self.triggers is not None
+        if math.isinf(self._next_check) or self._ring.start is None:
+            self._ring.clear(self._window_start)
+        self._next_check = now + CHECK_S
+        if self.ticker:
+            self._ticker_step(drain=True)  # the ring's slice needs this second's samples
+        self._ring.cut(now, self.counts, self.samples_in_window)
+        skip = frozenset({self._ident, *(t for t in self._our_threads() if t is not None)})
+        fired = self.triggers.check(now, skip)
+        if self.triggers.errors:
+            self.errors.extend(self.triggers.errors)
+            self.triggers.errors.clear()
+        if fired:
+            self._fire(sock, fired, now)
+
+    def _raised_budget(self, spec: TriggerSpec) -> float:
+        if spec.budget is not None:
+            return spec.budget
+        if self.ceiling is not None:
+            return self.ceiling
+        return max(self.budget, min(10 * self.budget, DEFAULT_RAISED_MAX))
+
+    def _fire(self, sock: zmq.Socket[Any], fired: list[Fired], now: float) -> None:
+        """An event: split the report at its "before", raise the budget for its "after", detail now."""
+        wall = time.time()
+        before = max(f.spec.before_s for f in fired)
+        after = max(f.spec.after_s for f in fired)
+        raised = self._under_ceiling(max(self._raised_budget(f.spec) for f in fired))
+        for f in fired:
+            self._events.append(
+                {
+                    "t": wall,
+                    "name": f.spec.describe()[: protocol.MAX_MARK_CHARS],
+                    "kind": f.spec.kind,
+                    "why": f.why[: protocol.MAX_MARK_CHARS],
+                    "before_s": before,
+                    "after_s": after,
+                    "budget": max(raised, self.budget),
+                }
+            )
+            self.mark(f"{f.spec.describe()}: {f.why}", "trigger")
+        if self._hello_sent:
+            self._report(sock, split_at=now - before)
+        # Applied by the loop below, as agent.boost's is; ends the event's higher budget after "after".
+        self._pending_boost = (raised, after)
+        self._detail_at = -math.inf  # detailing now, not at its planned time
+        end = now + after
+        self._event_end = end if self._event_end is None else max(self._event_end, end)
 
     def _collector_data(self, window_s: float) -> dict[str, Any]:
         rows = self.tables.loc_rows

@@ -534,6 +534,17 @@ def _plan(v: Any) -> bool:
 
 _COSTS = _map_of(_is_num)
 
+
+def _trigger_event(v: Any) -> bool:
+    return (
+        _is_map(v)
+        and _is_time(v.get("t"))
+        and all(_is_str(v.get(k)) for k in ("name", "kind", "why"))
+        and all(_is_nonneg(v.get(k)) for k in ("before_s", "after_s"))
+        and _is_fraction(v.get("budget"))
+    )
+
+
 _REPORT_REQUIRED: dict[str, _Check] = {
     "agent": _is_str,
     "seq": _is_nat,
@@ -571,6 +582,8 @@ _REPORT_OPTIONAL: dict[str, _Check] = {
     "paused": _is_bool,  # sampling and detailing are paused (dyper pause, agent.pause)
     # [wall time, name, kind]: agent.mark, and pause, resume and reset (which starts the statistics afresh)
     "marks": _list_of(_tuple_of(_is_time, _is_str, _is_str)),
+    # trigger events fired in the window (agent.triggers): {t, name, kind, why, before_s, after_s, budget}
+    "triggers": _list_of(_trigger_event),
 }
 
 _SCHEMAS: dict[str, Callable[[Body], None]] = {

@@ -24,6 +24,7 @@ COMMANDS = (
     "pause",
     "resume",
     "reset",
+    "triggers",
     "demo",
     "consolidate",
     "bottlenecks",

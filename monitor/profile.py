@@ -288,6 +288,8 @@ def process_info(session: Session) -> dict[str, Any]:
         "reset_t": session.reset_t,
         # [wall time, name, kind] of the newest marks (agent.mark, pause, resume, reset)
         "marks": [list(m) for m in list(session.marks)[-MARKS_SHOWN:]],
+        # the newest trigger events (agent.triggers), each with its window and a normal one before it
+        "triggers": list(session.triggers)[-MARKS_SHOWN:],
     }
 
 

@@ -3,7 +3,8 @@
 The report (its JSON form is documented in the README, "dyper report"):
 
     {"process": {"pid", "host", "argv", "python", "cpus", "budget", "overhead", "duration_s", "samples",
-                 "paused", "reset_t", "marks": [{"t", "name", "kind"}]},
+                 "paused", "reset_t", "marks": [{"t", "name", "kind"}],
+                 "triggers": [{"id", "t", "name", "kind", "why", "before_s", "after_s", "budget", "window", "normal"}]},
      "status": {"<proflet>": {"problem", "confidence"}},
      "findings": ["...plain words..."],
      "proflets": {"<proflet>": {...its results...}},
@@ -77,6 +78,7 @@ def report_of(profile: Profile) -> dict[str, Any]:
         "paused": bool(p.get("paused")),
         "reset_t": p.get("reset_t"),
         "marks": [{"t": m[0], "name": m[1], "kind": m[2]} for m in p.get("marks") or ()],
+        "triggers": list(p.get("triggers") or ()),
     }
     if p.get("tag") is not None:
         # Only the samples inside functions with this tag (agent.tag): the tables are over them.

@@ -700,13 +700,15 @@ class Monitor:
                 return reply(error="this monitor keeps no history (started with --no-history)")
             return self._answer(ident, rid, self.history.stats, lambda stats: stats, True)
         pid = args.get("pid")
-        if op in ("profile", "top", "timeline", "detach", "budget", "detail", "report", *CONTROLS):
+        if op in ("profile", "top", "timeline", "detach", "budget", "detail", "report", "triggers", *CONTROLS):
             if not isinstance(pid, int):
                 return reply(error=f"{op}: give a pid")
             start_time = args.get("start_time")
             session = self.session_for(pid, float(start_time) if isinstance(start_time, int | float) else None)
             if session is None:
                 return reply(error=f"process {pid} is not known to this monitor: attach to it first")
+            if op == "triggers":
+                return reply(list(session.triggers))
             if op == "report":
                 from monitor.report import build_report
 

@@ -71,6 +71,10 @@ K = TypeVar("K", bound=Hashable)
 WINDOW_RETENTION_S = 600.0
 #: Marks a session keeps (the newest).
 MAX_MARKS = 1000
+#: trigger events kept per session (the newest)
+MAX_TRIGGERS = 1000
+#: an event's window ends this long after its "after": the agent's report at the end comes a little late
+TRIGGER_END_SLACK_S = 0.5
 #: Stacks an agent's resolved-stack cache holds at most (some 200 bytes each); past it, it starts afresh.
 MAX_CACHED_STACKS = 20_000
 
@@ -290,6 +294,9 @@ class Session:
         self.analyzers: dict[str, Analyzer] = make_analyzers(self)
         #: (wall time, name, kind) of the agents' marks: agent.mark, pause, resume, reset (the newest)
         self.marks: deque[tuple[float, str, str]] = deque(maxlen=MAX_MARKS)
+        #: trigger events (agent.triggers), oldest first; each with its number ("id", from 1)
+        self.triggers: deque[dict[str, Any]] = deque(maxlen=MAX_TRIGGERS)
+        self.triggers_seen = 0
         #: the agents' elapsed seconds at the last reset: the whole run is what came after it
         self.elapsed_at_reset = 0.0
         #: wall time of the last reset (None: never reset)
@@ -352,6 +359,42 @@ class Session:
         state.attach_token = hello.get("attach_token")
         self.hello = hello
         return state
+
+    def add_trigger(self, event: dict[str, Any]) -> dict[str, Any]:
+        """Keep a trigger event (checked by the protocol), numbered, with its window and a normal one to compare.
+
+        The event's window is its "before" and "after" around when it fired;
+        the agent split its report at the "before" and reported at the end of
+        the "after", so both edges fall on reports (the end within half a
+        second). The normal window is as long, just before it.
+        """
+        self.triggers_seen += 1
+        t, before, after = float(event["t"]), float(event["before_s"]), float(event["after_s"])
+        start, end = t - before, t + after + TRIGGER_END_SLACK_S
+        kept = {
+            "id": self.triggers_seen,
+            "t": t,
+            "name": str(event["name"])[:MAX_MARK_CHARS],
+            "kind": str(event["kind"])[:MAX_MARK_CHARS],
+            "why": str(event["why"])[:MAX_MARK_CHARS],
+            "before_s": before,
+            "after_s": after,
+            "budget": float(event["budget"]),
+            "window": [start, end],
+            "normal": [start - (end - start), start],
+        }
+        self.triggers.append(kept)
+        return kept
+
+    def trigger(self, number: int) -> dict[str, Any]:
+        """Event ``number``; raises KeyError with what there is."""
+        for event in self.triggers:
+            if event["id"] == number:
+                return event
+        if not self.triggers:
+            raise KeyError(f"process {self.pid} has had no trigger events")
+        ids = [e["id"] for e in self.triggers]
+        raise KeyError(f"process {self.pid} has no trigger event {number} (it has {ids[0]} to {ids[-1]})")
 
     def check_stacks(self, state: AgentState, report: dict[str, Any]) -> StackCheck:
         """Look the report's stacks up in the agent's cache, and check the location ids of those it has not sent before.
@@ -419,6 +462,8 @@ class Session:
         twice = len({code >> 3 for code in by_code}) < len(by_code)
         at: dict[int, int] = {}
 
+        for event in report.get("triggers") or ():
+            self.add_trigger(event)
         marks = report.get("marks") or ()
         for mark_t, name, kind in marks:
             self.marks.append((float(mark_t), name[:MAX_MARK_CHARS], kind[:MAX_MARK_CHARS]))
@@ -684,6 +729,8 @@ class Session:
             "errors": list(self.errors)[-10:],
             "analyzers": {name: a.state() for name, a in self.analyzers.items()},
             "marks": [list(m) for m in self.marks],
+            "triggers": list(self.triggers),
+            "triggers_seen": self.triggers_seen,
             "elapsed_at_reset": self.elapsed_at_reset,
             "reset_t": self.reset_t,
         }
@@ -722,6 +769,10 @@ class Session:
         s.errors.extend(str(e) for e in state.get("errors") or ())
         for m in state.get("marks") or ():
             s.marks.append((float(m[0]), str(m[1]), str(m[2])))
+        for event in state.get("triggers") or ():
+            if isinstance(event, dict):
+                s.triggers.append(dict(event))
+        s.triggers_seen = int(state.get("triggers_seen") or len(s.triggers))
         s.elapsed_at_reset = float(state.get("elapsed_at_reset") or 0.0)
         reset_t = state.get("reset_t")
         s.reset_t = float(reset_t) if reset_t is not None else None

@@ -8,7 +8,7 @@ its docstring is the help text. Errors meant for the user are raised as
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from monitor.windows import WindowSpec
@@ -112,3 +112,34 @@ def add_output_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="charge time inside the standard library and installed packages to the calling application line",
     )
+
+
+def add_trigger_arguments(parser: argparse.ArgumentParser) -> None:
+    """--trigger (repeatable) and --triggers FILE: conditions that catch transient problems (agent.triggers)."""
+    parser.add_argument(
+        "--trigger",
+        action="append",
+        metavar="COND",
+        help="catch a transient: e.g. 'cpu > 80%% for 10s', 'rss > 2GB', 'rss + 50MB/s', 'blocked > 5s', "
+        "'mark:NAME', with options ', before 20s, after 30s, budget 10%%' (repeatable; see dyper triggers -h)",
+    )
+    parser.add_argument("--triggers", metavar="FILE", help="triggers from a TOML file (see dyper triggers -h)")
+
+
+def trigger_specs(args: argparse.Namespace) -> list[dict[str, Any]] | None:
+    """The triggers --trigger and --triggers give, as plain data for the agent; None without any.
+
+    Raises :class:`CliError` (one line) for one it cannot read, before anything is attached.
+    """
+    from agent.triggers import MAX_TRIGGERS, load_file, parse_trigger
+
+    specs = []
+    try:
+        if getattr(args, "triggers", None):
+            specs.extend(load_file(args.triggers))
+        specs.extend(parse_trigger(text) for text in getattr(args, "trigger", None) or ())
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    if len(specs) > MAX_TRIGGERS:
+        raise CliError(f"{len(specs)} triggers: at most {MAX_TRIGGERS}")
+    return [s.to_json() for s in specs] or None

@@ -22,7 +22,15 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 from monitor.attach import Attached, AttachError, attach
-from monitor.commands import CliError, add_output_arguments, budget_arg, duration_arg, pid_arg
+from monitor.commands import (
+    CliError,
+    add_output_arguments,
+    add_trigger_arguments,
+    budget_arg,
+    duration_arg,
+    pid_arg,
+    trigger_specs,
+)
 from monitor.commands.run import add_key_arguments, key_options
 from monitor.embedded import Options, detach_via, finish_output, profile_target
 from monitor.server import Monitor
@@ -57,6 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--duration", type=duration_arg, help="detach after this many seconds")
     parser.add_argument("--monitor", metavar="ENDPOINT", help="stream to a standing monitor and return")
+    add_trigger_arguments(parser)
     add_key_arguments(parser)
     parser.add_argument("--window", type=duration_arg, help="live view over the last N seconds only")
     parser.add_argument("-q", "--quiet", action="store_true", help="no live view, only the final summary")
@@ -118,6 +127,7 @@ def attach_all(
                 proflets=_proflets(args),
                 monitor_key=keys[0],
                 key=keys[1],
+                triggers=trigger_specs(args),
             )
         except AttachError as exc:
             return f"child {pid}: {exc}"
@@ -132,6 +142,7 @@ def attach_all(
 def run(args: argparse.Namespace, *, beside: Any = None) -> int:
     """``beside``: see :func:`monitor.embedded.profile_target` (the demo's dashboard)."""
     keys = key_options(args)
+    trigger_specs(args)  # a trigger it cannot read is an error before anything is attached
     console = Console()
     if args.monitor:
         return _attach_to_standing(args, console, keys)
@@ -139,7 +150,13 @@ def run(args: argparse.Namespace, *, beside: Any = None) -> int:
     async def start(endpoint: str) -> AttachedProcess:
         try:
             await asyncio.to_thread(
-                attach, args.pid, endpoint, args.budget, ceiling=args.ceiling, proflets=_proflets(args)
+                attach,
+                args.pid,
+                endpoint,
+                args.budget,
+                ceiling=args.ceiling,
+                proflets=_proflets(args),
+                triggers=trigger_specs(args),
             )
         except AttachError as exc:
             raise CliError(str(exc)) from None
@@ -190,6 +207,7 @@ def _attach_to_standing(
                 proflets=_proflets(args),
                 monitor_key=monitor_key,
                 key=key,
+                triggers=trigger_specs(args),
             )
         except AttachError as exc:
             raise CliError(str(exc)) from None

@@ -54,6 +54,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lines", action="store_true", help="one name per line instead of per function")
     parser.add_argument("--libraries", action="store_true", help="charge library time to the calling app line")
     parser.add_argument(
+        "--trigger",
+        type=int,
+        metavar="N",
+        help="with a PID: the window of its trigger event N, against (unless --compare) the window as long "
+        "just before it (dyper triggers PID)",
+    )
+    parser.add_argument(
         "--window",
         type=window_arg,
         help="with a PID: the last N seconds (e.g. 90, 15m), or START:END, any slice its monitor kept "
@@ -71,6 +78,9 @@ class Source:
     profile: Profile | None = None
     collapsed: CallTreeProfile | None = None
 
+    #: multiplies the counts (a window sampled at another rate than the one it is compared with)
+    scale: float = 1.0
+
     def call_tree(
         self, metric: Literal["cpu", "wall"], *, lines: bool = False, libraries: bool = False
     ) -> CallTreeProfile:
@@ -78,7 +88,11 @@ class Source:
             return self.collapsed
         assert self.profile is not None
         return CallTreeProfile.from_profile(
-            self.profile, metric, frame_key="frame" if lines else "function", charge_libraries=libraries
+            self.profile,
+            metric,
+            frame_key="frame" if lines else "function",
+            charge_libraries=libraries,
+            scale=self.scale,
         )
 
 
@@ -134,12 +148,39 @@ def run(args: argparse.Namespace) -> int:
     pids = [s for s in (args.source, args.compare) if s is not None and not os.path.exists(s)]
     if args.window and not pids:
         raise CliError("--window applies to a PID source")
+    if args.trigger is not None:
+        if args.window is not None or not (args.source.isdigit() and not os.path.exists(args.source)):
+            raise CliError("--trigger N needs a PID source, and no --window")
+        from monitor.commands.triggers import event_windows
+
+        _, args.window, normal = event_windows(args.monitor, int(args.source), args.trigger)
+        if args.compare is None:
+            # The event against the normal window just before it: what the transient costs.
+            source = read_source(args.source, monitor=args.monitor, window=args.window, lines=args.lines)
+            base = read_source(args.source, monitor=args.monitor, window=normal, lines=args.lines)
+            base.label = f"pid {args.source} before trigger {args.trigger}"
+            source.label = f"pid {args.source} trigger {args.trigger}"
+            # The event ran at a raised budget, so it has more samples per second:
+            # the normal window (as long) is brought to its rate before the difference.
+            assert source.profile is not None and base.profile is not None
+            passes = float(source.profile.process.get("samples") or 0)
+            base_passes = float(base.profile.process.get("samples") or 0)
+            if base_passes > 0:
+                base.scale = passes / base_passes
+                base.label += f" (counts x{base.scale:.2f}: the event's sampling rate)"
+            return _search(args, source, base)
     source = read_source(args.source, monitor=args.monitor, window=args.window, lines=args.lines)
+    compared = None
+    if args.compare is not None:
+        compared = read_source(args.compare, monitor=args.monitor, window=args.window, lines=args.lines)
+    return _search(args, source, compared)
+
+
+def _search(args: argparse.Namespace, source: Source, base: Source | None) -> int:
     tree = source.call_tree(args.metric, lines=args.lines, libraries=args.libraries)
     profile: ProfileInterface[Any] = tree
     described: dict[str, Any] = {"source": source.label, "metric": args.metric, "lines": args.lines}
-    if args.compare is not None:
-        base = read_source(args.compare, monitor=args.monitor, window=args.window, lines=args.lines)
+    if base is not None:
         profile = ComparativeProfile(tree, base.call_tree(args.metric, lines=args.lines, libraries=args.libraries))
         described["compare"] = base.label
     elif tree.total() == 0:

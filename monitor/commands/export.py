@@ -72,6 +72,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     span.add_argument(
         "--window", type=_window_arg, metavar="START:END", help="with a PID: a slice of its reports (see above)"
     )
+    span.add_argument(
+        "--trigger", type=int, metavar="N", help="with a PID: the window of its trigger event N (dyper triggers PID)"
+    )
+    parser.add_argument(
+        "--normal", action="store_true", help="with --trigger: the window as long just before the event instead"
+    )
     parser.add_argument(
         "--metric",
         choices=("cpu", "wall"),
@@ -135,6 +141,16 @@ def run(args: argparse.Namespace) -> int:
     exporter = _exporter(args)
     spec = _spec(args)
     source = args.source
+    if args.normal and args.trigger is None:
+        raise CliError("--normal goes with --trigger N", code=2)
+    event = None
+    if args.trigger is not None:
+        if not (source.isdigit() and int(source) > 0) or args.service:
+            raise CliError("--trigger N needs a PID (and not --service)", code=2)
+        from monitor.commands.triggers import event_windows
+
+        event, during, normal = event_windows(args.monitor, int(source), args.trigger)
+        spec = normal if args.normal else during
     if os.path.exists(source):
         if spec is not None:
             raise CliError(
@@ -150,6 +166,8 @@ def run(args: argparse.Namespace) -> int:
     elif source.isdigit() and int(source) > 0:
         profile = _from_monitor(args, int(source), spec)
         what = ("the service of " if args.service else "") + f"pid {source}, "
+        if event is not None:
+            what += f"{'the window before ' if args.normal else ''}trigger event {event['id']} ({event['name']}), "
         what += spec.describe() if spec is not None else "whole run"
     else:
         raise CliError(f"no such file: {source}")

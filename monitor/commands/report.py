@@ -144,6 +144,12 @@ def render(report: dict[str, Any], console: Console, limit: int = 20) -> None:
         shown = marks[-MARKS_LISTED:]
         more = f" (the last {len(shown)} of {len(marks)})" if len(marks) > len(shown) else ""
         console.print(f"marks{more}: " + ", ".join(f"{_clock(m['t'])} {m['name']}" for m in shown))
+    events = p.get("triggers") or []
+    for e in events[-MARKS_LISTED:]:
+        console.print(
+            f"[magenta]trigger {e['id']}[/] {_clock(e['t'])} {e['name']}: {e['why']}  "
+            f"[dim](dyper bottlenecks {p.get('pid')} --trigger {e['id']})[/]"
+        )
     if report["status"]:
         line = Text()
         for name, st in sorted(report["status"].items()):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -22,11 +23,18 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from monitor.commands import CliError, add_output_arguments, budget_arg, duration_arg
+from monitor.commands import (
+    CliError,
+    add_output_arguments,
+    add_trigger_arguments,
+    budget_arg,
+    duration_arg,
+    trigger_specs,
+)
 from monitor.embedded import Options, finish_output, profile_target
 from monitor.server import Monitor
 
@@ -44,6 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--duration", type=duration_arg, help="stop after this many seconds")
     parser.add_argument("--monitor", metavar="ENDPOINT", help="stream to a standing monitor (dyper monitor)")
+    add_trigger_arguments(parser)
     add_key_arguments(parser)
     parser.add_argument("--window", type=duration_arg, help="live view over the last N seconds only")
     parser.add_argument("-q", "--quiet", action="store_true", help="no live view, only the final summary")
@@ -129,12 +138,16 @@ def child_env(
     monitor_key: str | None = None,
     key: str | None = None,
     ceiling: float | None = None,
+    triggers: list[dict[str, Any]] | None = None,
 ) -> dict[str, str]:
     env = dict(os.environ)
     env["DYPER_MONITOR"] = endpoint
     env["DYPER_BUDGET"] = repr(budget)
     if ceiling is not None:
         env["DYPER_CEILING"] = repr(ceiling)
+    env.pop("DYPER_TRIGGERS", None)
+    if triggers:
+        env["DYPER_TRIGGERS"] = json.dumps(triggers)
     # Keys from our environment must not reach an agent meant to go without them.
     env.pop("DYPER_MONITOR_KEY", None)
     env.pop("DYPER_KEY", None)
@@ -161,6 +174,7 @@ def _command(args: argparse.Namespace) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     command = _command(args)
     keys = key_options(args)  # before anything starts: a bad key or endpoint is a one-line error
+    trigger_specs(args)  # so is a trigger it cannot read
     console = Console()
     if args.monitor:
         return _run_with_standing_monitor(args, command, console, keys)
@@ -173,7 +187,10 @@ def run(args: argparse.Namespace) -> int:
         out = open(log, "wb") if log is not None else None  # noqa: SIM115  closed with the child
         try:
             proc = await asyncio.create_subprocess_exec(
-                *command, env=child_env(endpoint, args.budget, errfile, ceiling=args.ceiling), stdout=out, stderr=out
+                *command,
+                env=child_env(endpoint, args.budget, errfile, ceiling=args.ceiling, triggers=trigger_specs(args)),
+                stdout=out,
+                stderr=out,
             )
         finally:
             if out is not None:
@@ -218,7 +235,14 @@ def _run_with_standing_monitor(
             client.call("ping")
         except MonitorUnreachable as exc:
             raise CliError(str(exc)) from None
-        env = child_env(args.monitor, args.budget, monitor_key=monitor_key, key=key, ceiling=args.ceiling)
+        env = child_env(
+            args.monitor,
+            args.budget,
+            monitor_key=monitor_key,
+            key=key,
+            ceiling=args.ceiling,
+            triggers=trigger_specs(args),
+        )
         proc = subprocess.Popen(command, env=env)
         try:
             proc.wait(timeout=args.duration)

@@ -653,6 +653,7 @@ class CallTreeProfile:
         *,
         frame_key: FrameKey = "function",
         charge_libraries: bool = False,
+        scale: float = 1.0,
     ) -> CallTreeProfile:
         """The call tree of a dyper :class:`~monitor.profile.Profile` (saved, or live via ``Profile.from_session``).
 
@@ -663,6 +664,8 @@ class CallTreeProfile:
         collapsed export with the same ``frame_key``, so the two can be compared.
         ``charge_libraries`` charges time inside the standard library and
         packages to the application line that called them (``Profile.charged_stacks``).
+        ``scale`` multiplies every count (rounded): a window sampled at another
+        rate, brought to the rate of the one it is compared with.
         """
         if metric not in ("cpu", "wall"):
             raise ValueError(f"metric must be 'cpu' or 'wall', not {metric!r}")
@@ -671,6 +674,8 @@ class CallTreeProfile:
         labels = [label(f) for f in profile.frames]
         for stack, frames in profile.charged_stacks(charge_libraries):
             cost = stack.cpu if metric == "cpu" else stack.wall
+            if scale != 1.0:
+                cost = round(cost * scale)
             if cost > 0 and frames:
                 # Names are registered as stacks use them, so that a frame seen
                 # only in stacks without cost (a sleep, for cpu) names nothing.

@@ -294,6 +294,8 @@ class Dashboard:
             "samples_per_s": samples_per_s(session),
             # [wall time, name, kind]: agent.mark, pause, resume, reset, boost (the overhead plot shows them)
             "marks": [list(m) for m in list(session.marks)[-MARKS_PLOTTED:]],
+            # trigger events (agent.triggers), each with its window and the normal one before it
+            "triggers": list(session.triggers)[-MARKS_PLOTTED:],
             "window": {
                 "text": window_text,
                 "description": spec.describe(),

@@ -447,7 +447,45 @@
         h("div", { class: "plot-legend" }, h("span", null, h("i"), "spent"), h("span", null, h("i", { class: "b" }), "budget"))),
         h("div", { id: "plot" })),
       h("div", { class: "card span-12" }, h("h2", null, "Top functions ", h("span", { class: "sub", text: "by base (self) CPU in the window" })),
-        h("div", { id: "top-functions" }))));
+        h("div", { id: "top-functions" })),
+      h("div", { class: "card span-12" }, h("h2", null, "Trigger events ",
+        h("span", { class: "sub", text: "transients the agent caught (dyper attach --trigger); open one to see its window against the window before it" })),
+        h("div", { id: "trigger-events" }))));
+  }
+
+  function updateTriggers(events) {
+    var box = document.getElementById("trigger-events");
+    if (!box) return;
+    clear(box);
+    if (!events.length) {
+      box.appendChild(h("div", { class: "empty", text: "no trigger events: set triggers with dyper attach PID --trigger 'cpu > 80% for 10s'" }));
+      return;
+    }
+    var table = h("table", { class: "t", id: "trigger-table" });
+    var head = h("tr");
+    ["#", "fired", "trigger", "what it saw", "budget", ""].forEach(function (c) { head.appendChild(h("th", { text: c })); });
+    table.appendChild(h("thead", null, head));
+    var body = h("tbody");
+    events.slice().reverse().forEach(function (e) {
+      var during = "@" + e.window[0].toFixed(1) + ":@" + e.window[1].toFixed(1);
+      var before = "@" + e.normal[0].toFixed(1) + ":@" + e.normal[1].toFixed(1);
+      body.appendChild(h("tr", { "data-trigger": String(e.id) },
+        h("td", { class: "num", text: String(e.id) }),
+        h("td", { text: new Date(e.t * 1000).toLocaleTimeString() }),
+        h("td", { class: "mono", text: e.name }),
+        h("td", { text: e.why }),
+        h("td", { class: "num", text: pct(e.budget, 1) }),
+        h("td", null, h("button", { class: "btn small", text: "open",
+          title: "the window of the event, compared with the window as long just before it",
+          onclick: function () {
+            state.compare = before;
+            var input = document.getElementById("compare-text");
+            if (input) input.value = before;
+            setWindow(during);
+          } }))));
+    });
+    table.appendChild(body);
+    box.appendChild(h("div", { class: "tablewrap" }, table));
   }
 
   function setBudget() {
@@ -526,6 +564,7 @@
     rows.forEach(function (r) { kv.appendChild(h("dt", { text: r[0] })); kv.appendChild(h("dd", { text: r[1] })); });
 
     drawPlot(document.getElementById("plot"), s.overhead, s.marks || []);
+    updateTriggers(s.triggers || []);
     var cpu = (s.proflets && s.proflets.cpu && s.proflets.cpu.functions) || [];
     var top = clear(document.getElementById("top-functions"));
     top.appendChild(sortableTable("top", cpu, { limit: 8, columns: ["name", "self_pct", "total_pct", "base_s", "calls_per_s"],
