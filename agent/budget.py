@@ -202,6 +202,9 @@ class Guard:
         self._tokens = 0.0
         self._last = now
         self.spent_s = 0.0
+        #: what the budgets in force allowed so far (seconds of process time): over a run
+        #: with boosts and trigger events, the line the spending is held to
+        self.allowed_s = 0.0
         #: spent_s by what paid (sample, wake, report, detail): the ledger's lines
         self.spent_by: dict[str, float] = {}
         self.started = now
@@ -232,6 +235,7 @@ class Guard:
         elapsed = max(0.0, now - self._last)
         self._last = now
         rate = self.rate
+        self.allowed_s += elapsed * rate
         self._tokens = min(rate * self.capacity_s, self._tokens + elapsed * rate)
 
     def charge(self, seconds: float, now: float, what: str = "other") -> None:

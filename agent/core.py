@@ -504,6 +504,8 @@ class Agent:
         self._new_triggers: deque[tuple[TriggerSpec, Callable[[], object] | None]] = deque()
         self._next_check = -math.inf if triggers else math.inf
         self._ring = Ring()
+        if triggers:
+            self._ring.resize(max(spec.before_s for spec in triggers))
         #: events fired, for the next report (the sampler's own)
         self._events: list[dict[str, Any]] = []
         #: when the latest event's "after" ends: a report goes then, so its window ends there
@@ -1632,7 +1634,6 @@ class Agent:
         t0 = _cost_clock()
         now = self.clock()
         if split_at is not None:
-            self._ring.cut(now, self.counts, self.samples_in_window)
             self._send_before(sock, split_at, now)
         watched = self._watch_spent_s - self._watch_charged_s
         if watched > 0:  # the watchdog's wake-ups since the last report
@@ -1644,6 +1645,7 @@ class Agent:
         kept = [(tid, n, stack) for (tid, stack), n in self.counts.items() if tid not in ours]
         self.tables.flag_leaves({stack[0] for _, _, stack in kept if stack})
         strings, locs = self.tables.unsent()
+        self.guard.tokens(now)  # brings allowed_s up to now
         body: dict[str, Any] = {
             "agent": self.agent_id,
             "seq": self.seq,
@@ -1661,6 +1663,7 @@ class Agent:
             # monitor plans with these: only we know which wake-ups are whose)
             "unit_costs": {"sample": self.sample_cost_s, "report": self.report_cost_s},
             "spent_s": self.guard.spent_s,
+            "allowed_s": self.guard.allowed_s,
             "startup_s": self.startup_s,
             "elapsed_s": now - self.guard.started,
             "budget": self.budget,
@@ -1723,7 +1726,7 @@ class Agent:
         The window's costs are shared by time; proflet data and marks stay with
         the report that follows.
         """
-        part = self._ring.since(split_at)
+        part = self._ring.since(split_at, self.counts, self.samples_in_window)
         if part is None:
             return
         boundary, samples_after, after = part
@@ -1774,6 +1777,7 @@ class Agent:
                 self.triggers.add(spec, predicate)
             except ValueError as exc:
                 self.errors.append(str(exc))
+        self._ring.resize(max(s.spec.before_s for s in self.triggers.states) if self.triggers.states else 0.0)
         if math.isinf(self._next_check):
             self._next_check = now
             # Counted since the window began: the first slice holds it all.
@@ -1785,9 +1789,11 @@ class Agent:
         if math.isinf(self._next_check) or self._ring.start is None:
             self._ring.clear(self._window_start)
         self._next_check = now + CHECK_S
-        if self.ticker:
-            self._ticker_step(drain=True)  # the ring's slice needs this second's samples
-        self._ring.cut(now, self.counts, self.samples_in_window)
+        if self._hello_sent:
+            # Only while reports go: they empty the ring, and a split needs a report to go.
+            if self.ticker:
+                self._ticker_step(drain=True)  # the ring's cut needs this second's samples
+            self._ring.cut(now, self.counts, self.samples_in_window)
         skip = frozenset({self._ident, *(t for t in self._our_threads() if t is not None)})
         fired = self.triggers.check(now, skip)
         if self.triggers.errors:

@@ -566,6 +566,7 @@ _REPORT_OPTIONAL: dict[str, _Check] = {
     "costs": _COSTS,  # seconds spent in the window: sample, report, detail
     "unit_costs": _COSTS,  # the agent's estimates of one sample and one report, in seconds
     "spent_s": _is_num,  # total seconds spent since start
+    "allowed_s": _is_num,  # what the budgets in force allowed since start (boosts and trigger events raise it)
     "startup_s": _is_num,  # one-time start-up work (loading proflets), not in spent_s
     "elapsed_s": _is_num,  # wall seconds since start
     "budget": _is_fraction,

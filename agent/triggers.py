@@ -36,6 +36,7 @@ checks cost microseconds (one ``times()`` call, one read of
 from __future__ import annotations
 
 import fnmatch
+import math
 import os
 import re
 import sys
@@ -62,6 +63,8 @@ MAX_AFTER_S: Final = 3600.0
 #: without a ceiling, a trigger raises the budget to ten times the budget, at most this
 DEFAULT_RAISED_MAX: Final = 0.10
 MAX_TRIGGERS: Final = 32
+#: past this many distinct stacks in a report window the ring stops copying (a copy a second)
+RING_MAX_STACKS: Final = 5000
 #: a predicate slower than this is switched off (it runs holding the GIL)
 MAX_PREDICATE_S: Final = 0.005
 
@@ -320,7 +323,7 @@ class Triggers:
         cpu = self._cpu_fraction(now) if any(s.spec.kind == "cpu" for s in self.states) else None
         need_rss = any(s.spec.kind in ("rss", "rss_growth") for s in self.states)
         rss = read_rss() if need_rss else None
-        blocked = self._blocked(now, skip) if any(s.spec.kind == "blocked" for s in self.states) else {}
+        blocked = self._blocked(now, skip) if any(s.spec.kind == "blocked" for s in self.states) else None
         marks = []
         while self._marks:
             marks.append(self._marks.popleft())
@@ -352,7 +355,7 @@ class Triggers:
         now: float,
         cpu: float | None,
         rss: int | None,
-        blocked: dict[int, tuple[float, str]],
+        blocked: tuple[float, str] | None,
         marks: list[str],
     ) -> tuple[bool, str]:
         spec = state.spec
@@ -382,10 +385,9 @@ class Triggers:
             rate = (rss - rss0) / (now - t0)
             return rate > spec.threshold, f"RSS grew {rate / 1e6:.1f} MB/s over {now - t0:.0f} s, to {rss / 1e6:.0f} MB"
         if spec.kind == "blocked":
-            longest = max(blocked.values(), default=None)
-            if longest is None or longest[0] <= spec.threshold:
+            if blocked is None or blocked[0] <= spec.threshold:
                 return False, ""
-            return True, longest[1]
+            return True, blocked[1]
         if spec.kind == "mark":
             hit = next((m for m in marks if fnmatch.fnmatchcase(m, spec.pattern)), None)
             return hit is not None, f"mark {hit!r}"
@@ -416,13 +418,13 @@ class Triggers:
             return None
         return (cpu - last[1]) / (now - last[0])
 
-    def _blocked(self, now: float, skip: frozenset[int]) -> dict[int, tuple[float, str]]:
-        """Thread ident -> (seconds it has waited for a lock at the same place, in words), for threads that do."""
+    def _blocked(self, now: float, skip: frozenset[int]) -> tuple[float, str] | None:
+        """The thread that has waited longest for a lock at one place: (seconds, in words); None if none waits."""
         from agent.tables import wait_kind
 
         frames = sys._current_frames()
         waiting: dict[int, tuple[int, float]] = {}
-        out: dict[int, tuple[float, str]] = {}
+        longest: tuple[float, int, str] | None = None
         for tid, frame in frames.items():
             if tid in skip:
                 continue
@@ -439,13 +441,14 @@ class Triggers:
             previous = self._waiting.get(tid)
             since = previous[1] if previous is not None and previous[0] == key else now
             waiting[tid] = (key, since)
-            out[tid] = (
-                now - since,
-                f"a thread ({_thread_name(tid)}) waited {now - since:.0f} s for a lock in {known[1]}",
-            )
+            if longest is None or now - since > longest[0]:
+                longest = (now - since, tid, known[1])
         del frames
         self._waiting = waiting
-        return out
+        if longest is None:
+            return None
+        waited, tid, where = longest
+        return waited, f"a thread ({_thread_name(tid)}) waited {waited:.0f} s for a lock in {where}"
 
 
 def _thread_name(ident: int) -> str:
@@ -459,59 +462,58 @@ Counts = dict[tuple[int, tuple[int, ...]], int]
 
 
 class Ring:
-    """The counts of each second since the last report, so a report can be split at an instant past.
+    """What was counted at each second since the last report, so a report can be split at an instant past.
 
-    A slice holds what was counted since the one before it (the first: since
-    the report window began). Cut once a second, and only while triggers are
+    Each cut keeps a copy of the counts as they were then (a dict copy, tens
+    of microseconds for thousands of stacks: cheaper than a difference each
+    second); a split takes the difference once, against the latest cut at or
+    before the instant. Cut once a second, and only while triggers are
     configured; emptied with every report, as the counts are.
     """
 
-    def __init__(self, max_slices: int = int(MAX_BEFORE_S / CHECK_S) + 1) -> None:
-        #: (end time, samples, counts) per slice, oldest first
+    def __init__(self, max_slices: int = int(DEFAULT_BEFORE_S / CHECK_S) + 2) -> None:
+        #: (time, samples, counts) at each cut, oldest first
         self.slices: deque[tuple[float, int, Counts]] = deque(maxlen=max_slices)
-        self._base: Counts = {}
-        self._base_samples = 0
+        #: when the counts began (the report window's start); None: not yet known
         self.start: float | None = None
 
     def clear(self, start: float) -> None:
         self.slices.clear()
-        self._base = {}
-        self._base_samples = 0
         self.start = start
 
-    def cut(self, now: float, counts: Counts, samples: int) -> None:
-        base = self._base
-        delta = {k: v - base.get(k, 0) for k, v in counts.items() if v != base.get(k, 0)}
-        if len(self.slices) == self.slices.maxlen:
-            # The oldest slice leaves: the window can no longer be split before its end.
-            self.start = self.slices[0][0]
-        self.slices.append((now, samples - self._base_samples, delta))
-        self._base = dict(counts)
-        self._base_samples = samples
+    def resize(self, before_s: float) -> None:
+        """Keep enough cuts for a "before" of ``before_s``."""
+        wanted = int(before_s / CHECK_S) + 2
+        if wanted != self.slices.maxlen:
+            self.slices = deque(self.slices, maxlen=wanted)
 
-    def since(self, cut: float) -> tuple[float, int, Counts] | None:
-        """(where the split falls, samples, counts) of the slices from the last slice boundary at or before ``cut``.
+    def cut(self, now: float, counts: Counts, samples: int) -> None:
+        if len(counts) > RING_MAX_STACKS:
+            # Copies this large every second cost more than a split is worth: this
+            # window is not split (an event's begins at the report window's start).
+            self.clear(math.inf)
+            return
+        if len(self.slices) == self.slices.maxlen:
+            # The oldest copy leaves: the window can no longer be split before the next one.
+            self.start = self.slices[1][0]
+        self.slices.append((now, samples, dict(counts)))
+
+    def since(self, cut: float, counts: Counts, samples: int) -> tuple[float, int, Counts] | None:
+        """(where the split falls, samples, counts) of what came after the latest cut at or before ``cut``.
 
         The split falls at or before ``cut``, so the part before it ends
         outside a window that begins at ``cut``. None when the window began
-        at or after ``cut`` (nothing to split off).
+        at or after ``cut``, or no cut was made after it began and by ``cut``.
         """
         if self.start is None or self.start >= cut:
             return None
-        boundary = self.start
-        for end, _, _ in self.slices:
-            if end > cut:
+        at = None
+        for entry in self.slices:
+            if entry[0] > cut:
                 break
-            boundary = end
-        if boundary == self.start:
+            at = entry
+        if at is None:
             return None
-        samples = 0
-        counts: Counts = {}
-        begins = self.start
-        for end, n, delta in self.slices:
-            if begins >= boundary:
-                samples += n
-                for k, v in delta.items():
-                    counts[k] = counts.get(k, 0) + v
-            begins = end
-        return boundary, samples, counts
+        boundary, then_samples, then = at
+        after = {k: v - then.get(k, 0) for k, v in counts.items() if v != then.get(k, 0)}
+        return boundary, samples - then_samples, after

@@ -278,6 +278,8 @@ def process_info(session: Session) -> dict[str, Any]:
         "cpus": hello.get("cpus"),
         "budget": session.budget(),
         "overhead": session.overhead(),
+        # what the budgets in force allowed over the run (boosts and trigger events raise it); None: unknown
+        "allowed": session.allowed(),
         # one-time start-up CPU seconds (loading the proflets), outside the budget
         "startup_s": sum(a.startup_s for a in session.agents.values()),
         # seconds spent per category over the run: sample, wake, report, detail

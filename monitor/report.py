@@ -2,7 +2,7 @@
 
 The report (its JSON form is documented in the README, "dyper report"):
 
-    {"process": {"pid", "host", "argv", "python", "cpus", "budget", "overhead", "duration_s", "samples",
+    {"process": {"pid", "host", "argv", "python", "cpus", "budget", "overhead", "allowed", "duration_s", "samples",
                  "paused", "reset_t", "marks": [{"t", "name", "kind"}],
                  "triggers": [{"id", "t", "name", "kind", "why", "before_s", "after_s", "budget", "window", "normal"}]},
      "status": {"<proflet>": {"problem", "confidence"}},
@@ -73,6 +73,7 @@ def report_of(profile: Profile) -> dict[str, Any]:
         "cpus": p.get("cpus"),
         "budget": 100.0 * float(p.get("budget") or 0.0),
         "overhead": 100.0 * float(p.get("overhead") or 0.0),
+        "allowed": 100.0 * float(p["allowed"]) if p.get("allowed") is not None else None,
         "duration_s": p.get("duration_s"),
         "samples": p.get("samples"),
         "paused": bool(p.get("paused")),

@@ -161,6 +161,8 @@ class AgentState:
     last_seq: int = -1
     budget: float = 0.0
     spent_s: float = 0.0
+    #: what the agent's budgets allowed (None: an agent that does not say)
+    allowed_s: float | None = None
     elapsed_s: float = 0.0
     #: one-time start-up CPU (loading the proflets), outside the budget's ledger
     startup_s: float = 0.0
@@ -319,6 +321,17 @@ class Session:
         spent = sum(a.spent_s for a in self.agents.values())
         elapsed = sum(a.elapsed_s for a in self.agents.values())
         return slowdown(spent, elapsed)
+
+    def allowed(self) -> float | None:
+        """What the budgets in force allowed over the agents' lifetimes, as a slowdown; None if unknown.
+
+        Above the budget when boosts or trigger events raised it for a while.
+        """
+        if not self.agents or any(a.allowed_s is None for a in self.agents.values()):
+            return None
+        allowed = sum(a.allowed_s or 0.0 for a in self.agents.values())
+        elapsed = sum(a.elapsed_s for a in self.agents.values())
+        return slowdown(allowed, elapsed)
 
     def duration_s(self) -> float:
         """Seconds the whole-run statistics cover: since the agents started, or since the last reset."""
@@ -520,6 +533,8 @@ class Session:
             state.budget = float(report["budget"])
         if report.get("spent_s") is not None:
             state.spent_s = float(report["spent_s"])
+        if report.get("allowed_s") is not None:
+            state.allowed_s = float(report["allowed_s"])
         if report.get("elapsed_s") is not None:
             state.elapsed_s = float(report["elapsed_s"])
         if report.get("startup_s") is not None:
@@ -719,6 +734,7 @@ class Session:
                 a.agent_id: {
                     "budget": a.budget,
                     "spent_s": a.spent_s,
+                    "allowed_s": a.allowed_s,
                     "elapsed_s": a.elapsed_s,
                     "dropped": dict(a.dropped),
                     "mode": a.mode,
@@ -761,6 +777,8 @@ class Session:
             agent = AgentState(str(agent_id), connected=False)
             agent.budget = float(a.get("budget") or 0.0)
             agent.spent_s = float(a.get("spent_s") or 0.0)
+            allowed = a.get("allowed_s")
+            agent.allowed_s = float(allowed) if allowed is not None else None
             agent.elapsed_s = float(a.get("elapsed_s") or 0.0)
             agent.dropped = {str(k): int(v) for k, v in (a.get("dropped") or {}).items()}
             agent.mode = str(a.get("mode") or agent.mode)

@@ -133,6 +133,11 @@ def render(report: dict[str, Any], console: Console, limit: int = 20) -> None:
         f"[bold]pid {p.get('pid')}[/] {' '.join(p.get('argv') or [])[:100]}  "
         f"python {p.get('python')}  {_num(p.get('duration_s'), '{:.1f}')} s  {_num(p.get('samples'))} samples  "
         f"overhead {_pct(p.get('overhead'))}% of budget {_pct(p.get('budget'))}%"
+        + (
+            f" ({_pct(p['allowed'])}% allowed over the run: boosts and trigger events raised it)"
+            if isinstance(p.get("allowed"), int | float) and p["allowed"] > 1.02 * float(p.get("budget") or 0)
+            else ""
+        )
         + ("  [yellow]paused[/]" if p.get("paused") else "")
     )
     if p.get("tag") is not None:

@@ -14,6 +14,7 @@ unless DYPER_SKIP_BROWSER=1 is set. Screenshots go to $DYPER_SCREENSHOTS
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -117,9 +118,13 @@ def dashboard() -> Iterator[Visit]:
     http_port = free_port()
     monitor = StandingMonitor(free_port(), None, "--http", f"127.0.0.1:{http_port}")
     monitor.start()
+    # A trigger the agent attached from the page reads from the target's environment (as agent.start
+    # does): the demo's own load fires it at once. Its budget is the page's 2%, so nothing else moves.
+    env = {**os.environ, "DYPER_TRIGGERS": json.dumps(["cpu > 5% for 0s, before 2s, after 2s, budget 2%"])}
     target = subprocess.Popen(
-        [sys.executable, "-m", "monitor.demo.service"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+        [sys.executable, "-m", "monitor.demo.service"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=env,
+    )  # fmt: skip
     profile_dir = tempfile.mkdtemp(prefix="dyper-chromium-")
     driver = None
     try:
@@ -198,6 +203,23 @@ def test_pausing_and_resuming_from_the_page(dashboard):
     marks = "document.querySelectorAll('#plot svg line.mark-pause, #plot svg line.mark-resume')"
     page.until(f"{marks}.length >= 2", "the pause and resume marks on the plot")
     assert "pause" in page.js("return document.querySelector('#plot svg line.mark-pause title').textContent")
+
+
+def test_a_trigger_event_is_listed_and_opens_its_window_against_the_one_before(dashboard):
+    page = dashboard.page
+    rows = "document.querySelectorAll('#trigger-table tbody tr')"
+    page.until(f"{rows}.length >= 1", "the trigger event in its card")
+    assert "cpu > 5%" in page.js(f"return {rows}[0].textContent")
+    page.js(f"{rows}[0].querySelector('button').click()")
+    page.until("document.getElementById('window-text').value.startsWith('@')", "the event's window")
+    window = page.js("return document.getElementById('window-text').value")
+    before = page.js("return document.getElementById('compare-text').value")
+    start, end = (float(x) for x in window.replace("@", "").split(":"))
+    normal_start, normal_end = (float(x) for x in before.replace("@", "").split(":"))
+    assert normal_end == start and normal_end - normal_start == pytest.approx(end - start, abs=0.2)
+    # Back to the last minute, with nothing to compare, for the tests that follow.
+    page.js("var c = document.getElementById('compare-text'); c.value = ''; c.dispatchEvent(new Event('change'))")
+    page.js("document.querySelector('#window-presets button[data-window=\"-60s:\"]').click()")
 
 
 def test_cpu_table_and_flame_graph_render(dashboard):

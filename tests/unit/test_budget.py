@@ -135,3 +135,15 @@ def test_budget_change_applies_from_now():
     assert g.wait_needed(0.0) == pytest.approx(5.0 * 1.01)
     g.set_budget(0.05, 0.0)
     assert g.wait_needed(0.0) == pytest.approx(1.0 * 1.05)
+
+
+def test_the_guard_counts_what_the_budgets_in_force_allowed():
+    guard = Guard(0.01, now=0.0)
+    guard.charge(0.0, 100.0)
+    guard.set_budget(0.10, 100.0)  # a boost, or a trigger event
+    guard.charge(0.0, 110.0)
+    guard.set_budget(0.01, 110.0)
+    guard.charge(0.0, 200.0)
+    expected = 190.0 * wall_share(0.01) + 10.0 * wall_share(0.10)
+    assert guard.allowed_s == pytest.approx(expected)
+    assert expected > 200.0 * wall_share(0.01)

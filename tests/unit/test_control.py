@@ -199,3 +199,37 @@ def test_the_module_calls_check_their_arguments_and_do_nothing_without_an_agent(
     agent.reset()
     agent.mark("nobody listens")
     assert not agent.is_running()
+
+
+def test_a_predicate_trigger_splits_the_report_boosts_to_the_ceiling_and_reports_at_its_end():
+    from agent.triggers import TriggerSpec
+
+    # At 0.1% reports come every 30 s after the first: the event's "before" falls inside the window.
+    monitor = Monitor()
+    a = Agent(monitor.endpoint, 0.001, ceiling=0.1, proflets=())
+    a.start()
+    try:
+        monitor.until("the first report", lambda: bool(monitor.reports))
+        fire = threading.Event()
+        a.add_trigger(TriggerSpec(kind="predicate", name="backlog", before_s=1.0, after_s=1.5), fire.is_set)
+        monitor.pump(2.5)  # checks with nothing to see: the ring has its cuts
+        fire.set()
+        monitor.until("the event", lambda: any(r.get("triggers") for r in monitor.reports))
+        at = next(i for i, r in enumerate(monitor.reports) if r.get("triggers"))
+        (event,) = monitor.reports[at]["triggers"]
+        assert (event["name"], event["kind"], event["budget"]) == ("backlog", "predicate", 0.1)
+        # The report was split: the part before ends at the last cut (a second apart) at or before
+        # the event's "before", and the event's report follows it at once.
+        before, during = monitor.reports[at - 1], monitor.reports[at]
+        assert at >= 2 and before["seq"] + 1 == during["seq"]
+        assert event["t"] - 1.0 - 1.2 <= before["t"] <= event["t"] - 1.0 + 0.05, (before["t"], event["t"])
+        assert during["window_s"] >= 1.0
+        monitor.until("the boost to the ceiling", lambda: a.budget == 0.1)
+        monitor.until("the end of the event", lambda: a.budget == 0.001)
+        # A report goes when the "after" ends, so the event's window ends on one.
+        monitor.until("the report at its end", lambda: any(abs(r["t"] - (event["t"] + 1.5)) < 0.3
+                                                            for r in monitor.reports[at + 1 :]))  # fmt: skip
+        assert ("backlog: the predicate held", "trigger") in _marks(monitor.reports)
+    finally:
+        a.stop()
+        monitor.close()

@@ -141,20 +141,21 @@ def test_cpu_needs_its_hold_and_a_thread_blocked_on_a_lock_is_seen_by_name():
         waiter.join()
 
 
-def test_the_ring_splits_a_window_at_a_slice_boundary_at_or_before_the_cut():
+def test_the_ring_splits_a_window_at_the_last_cut_at_or_before_the_instant():
     ring = Ring()
     counts: dict[tuple[int, tuple[int, ...]], int] = {}
     ring.clear(100.0)
     a, b = (1, (1, 2)), (1, (3, 4))
     counts[a] = 5
-    ring.cut(101.0, counts, 5)  # (100, 101]: 5 of a
+    ring.cut(101.0, counts, 5)  # by 101: 5 of a
     counts[a] = 7
     counts[b] = 1
-    ring.cut(102.0, counts, 8)  # (101, 102]: 2 of a, 1 of b
+    ring.cut(102.0, counts, 8)  # by 102: 7 of a, 1 of b
     counts[b] = 4
-    ring.cut(103.0, counts, 11)  # (102, 103]: 3 of b
-    assert ring.since(100.0) is None  # the window begins at the cut: nothing to split off
-    boundary, samples, after = ring.since(101.5)  # type: ignore[misc]
-    assert (boundary, samples, after) == (101.0, 6, {a: 2, b: 4})
-    boundary, samples, after = ring.since(102.0)  # type: ignore[misc]
-    assert (boundary, samples, after) == (102.0, 3, {b: 3})
+    ring.cut(103.0, counts, 11)  # by 103: 7 of a, 4 of b
+    counts[b] = 6
+    assert ring.since(100.0, counts, 13) is None  # the window begins at the instant: nothing to split off
+    assert ring.since(100.5, counts, 13) is None  # no cut by then
+    assert ring.since(101.5, counts, 13) == (101.0, 8, {a: 2, b: 6})
+    assert ring.since(102.0, counts, 13) == (102.0, 5, {b: 5})
+    assert ring.since(250.0, counts, 13) == (103.0, 2, {b: 2})
