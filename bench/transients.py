@@ -18,7 +18,8 @@ the event window's samples in the culprit (``hot_function`` cpu,
 window as long just before it; the sampling rate in both; and the event's
 spending (its reports' costs over the time they cover) against the budget it
 was raised to. A planted onset no event matches is a miss; an event that
-matches none is a false alarm. Also the whole run's overhead ledger.
+matches none is a false alarm. Also the whole run's overhead ledger, against
+what the budgets in force allowed (the base budget, raised during events).
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             print(f"  {time.monotonic() - started:.0f} of {seconds:.0f} s", file=sys.stderr)
         with MonitorClient(endpoint, timeout=30.0) as client:
             events = client.call("triggers", pid=service.pid)
-            sessions = client.call("sessions")
+            process = client.call("report", pid=service.pid)["process"]
             rows = []
             for e in events:
 
@@ -128,7 +129,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "samples": samples, "normal_samples": normal_samples,
                     "reports": reports, "spent_pct": 100 * spent / covered if covered else None,
                 })  # fmt: skip
-        session = next(s for s in sessions if s["pid"] == service.pid)
     finally:
         for proc in (service, monitor):
             proc.terminate()
@@ -157,7 +157,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "planted": len(seen),
         "missed": [o for o in seen if o["event"] is None],
         "false_alarms": [r for r in rows if r["onset"] is None],
-        "overhead_pct": 100 * float(session.get("overhead") or 0),
+        "overhead_pct": float(process.get("overhead") or 0),
+        "allowed_pct": process.get("allowed"),
     }
 
 
@@ -175,7 +176,8 @@ def show(result: dict[str, Any]) -> None:
     print(f"planted {result['planted']}, events {len(result['events'])}, missed {len(result['missed'])}, "
           f"false alarms {len(result['false_alarms'])}; median delay "
           f"{statistics.median(delays) if delays else float('nan'):.1f} s; whole-run overhead "
-          f"{result['overhead_pct']:.2f}%")  # fmt: skip
+          f"{result['overhead_pct']:.2f}% of {result['allowed_pct'] or 0:.2f}% allowed (base budget "
+          f"{result['args']['budget']})")  # fmt: skip
 
 
 def main() -> None:
