@@ -1,0 +1,171 @@
+"""Where does alloc lose time around cpu bursts and reports? Unit-by-unit timing against the agent's own events.
+
+    python bench/burst_timeline.py [--seconds 60] [--budget 0.05] [--monitor ENDPOINT] [--json FILE]
+
+In one process: alloc's unit in a loop on the main thread, each unit's end
+time (perf_counter) recorded; dyper's agent (cpu proflet, no monitor: it
+schedules by itself) at the budget. Agent._start_burst / _stop_burst /
+_detail_step are wrapped to log when they ran (perf_counter at entry and
+exit), and so is _report. Then each unit is classed: plain (nothing of
+the agent's near it but sampling), in a burst, touching a burst's start or
+stop or a report (the unit running when the agent did it), or near one
+(within 50 ms); per class, the time lost = sum(duration - mean plain
+duration). Against: what the ledger charged (guard.spent_by), by line.
+With ``--monitor`` (a running ``dyper monitor``) the agent reports and
+follows the monitor's timings, as in the overhead benches; without, it
+schedules by itself and sends nothing. A diagnostic for issue 3's question:
+is alloc's slowdown under cpu detailing charged?
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import gc
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE / "workloads"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--budget", type=float, default=0.05)
+    parser.add_argument("--json")
+    parser.add_argument("--monitor", default="tcp://127.0.0.1:9")
+    args = parser.parse_args()
+
+    import alloc
+
+    from agent.core import Agent
+
+    events: list[tuple[str, float, float]] = []  # (what, start, end)
+    #: per burst, at its start: (kind, detail charged so far); at its stop: detail charged by then
+    kinds: list[tuple[str, float]] = []
+    charged_at_stop: list[float] = []
+    original = {n: getattr(Agent, n) for n in ("_start_burst", "_stop_burst", "_detail_step", "_report")}
+
+    def wrap(name: str):  # type: ignore[no-untyped-def]
+        fn = original[name]
+
+        def wrapper(self, *a, **k):  # type: ignore[no-untyped-def]
+            t0 = time.perf_counter()
+            before = self.guard.spent_by.get("detail", 0.0)
+            try:
+                return fn(self, *a, **k)
+            finally:
+                events.append((name, t0, time.perf_counter()))
+                if name == "_start_burst":
+                    burst = self._bursts.get(a[0])
+                    kinds.append((burst.kind if burst is not None else "?", before))
+                elif name == "_stop_burst":
+                    charged_at_stop.append(self.guard.spent_by.get("detail", 0.0))
+
+        return wrapper
+
+    for n in original:
+        setattr(Agent, n, wrap(n))
+
+    agent = Agent(args.monitor, args.budget, proflets=("cpu",))
+    agent.start()
+    ends: list[float] = []
+    warm = time.perf_counter() + 5
+    while time.perf_counter() < warm:
+        alloc.unit()
+    spent0 = dict(agent.guard.spent_by)
+    t_start = time.perf_counter()
+    end = t_start + args.seconds
+    gc_before = [s["collections"] for s in gc.get_stats()]
+    while time.perf_counter() < end:
+        alloc.unit()
+        ends.append(time.perf_counter())
+    spent1 = dict(agent.guard.spent_by)
+    agent.stop()
+    gc_after = [s["collections"] for s in gc.get_stats()]
+
+    evs = [e for e in events if e[1] >= t_start]
+    first_start = sum(1 for n, s, _ in events if n == "_start_burst" and s < t_start)
+    first_stop = sum(1 for n, s, _ in events if n == "_stop_burst" and s < t_start)
+    kinds = kinds[first_start:]
+    charged_at_stop = charged_at_stop[first_stop:]
+    starts = [(s, e) for n, s, e in evs if n == "_start_burst"]
+    stops = [(s, e) for n, s, e in evs if n == "_stop_burst"]
+    reports = [(s, e) for n, s, e in evs if n == "_report"]
+    # bursts: from a start's end to the next stop's start
+    bursts = []  # (begins, ends, kind, detail charged from its start to its stop)
+    for (_, s1), (kind, charged0) in zip(starts, kinds, strict=False):
+        k = next((i for i, st in enumerate(stops) if st[0] >= s1), None)
+        if k is not None and k < len(charged_at_stop):
+            bursts.append((s1, stops[k][0], kind, charged_at_stop[k] - charged0))
+    begins = [t_start, *ends[:-1]]
+    classes: dict[str, list[float]] = {"plain": [], "burst": [], "start": [], "stop": [], "report": [], "near": []}
+    spans = sorted(
+        [(a, b, "start") for a, b in starts]
+        + [(a, b, "stop") for a, b in stops]
+        + [(a, b, "report") for a, b in reports]
+    )
+    burst_edges = sorted(bursts)
+    by_kind: dict[str, dict[str, float]] = {}
+    for _, _, kind, charged in bursts:
+        row = by_kind.setdefault(kind, {"bursts": 0, "seconds": 0.0, "charged_ms": 0.0, "lost_ms": 0.0})
+        row["bursts"] += 1
+        row["charged_ms"] += 1000 * charged
+    for a, z, kind, _ in bursts:
+        by_kind[kind]["seconds"] += z - a
+    in_kind: dict[str, list[float]] = {k: [] for k in by_kind}
+    for b, e in zip(begins, ends, strict=True):
+        d = e - b
+        cls = "plain"
+        for a, z, what in spans[max(0, bisect.bisect_left(spans, (b - 1.0, 0, "")) - 1) :]:
+            if a > e:
+                break
+            if z >= b and a <= e:
+                cls = what
+                break
+        if cls == "plain":
+            i = bisect.bisect_right(burst_edges, (e, float("inf"), "", 0.0)) - 1
+            if i >= 0 and burst_edges[i][0] <= e and b <= burst_edges[i][1]:
+                cls = "burst"
+                in_kind[burst_edges[i][2]].append(d)
+            else:
+                # within 50 ms after a stop or before a start: aftermath
+                j = bisect.bisect_left([x[0] for x in spans], b - 0.05)
+                if j < len(spans) and spans[j][0] <= e + 0.05:
+                    cls = "near"
+        classes[cls].append(d)
+    base = statistics.fmean(classes["plain"])  # plain units carry the sampling: the baseline
+    result = {
+        "seconds": args.seconds,
+        "budget": args.budget,
+        "units": len(ends),
+        "base_unit_ms": 1000 * base,
+        "bursts": len(bursts),
+        "burst_s": sum(z - a for a, z, _, _ in bursts),
+        "start_op_ms": 1000 * sum(z - a for a, z in starts),
+        "stop_op_ms": 1000 * sum(z - a for a, z in stops),
+        "reports": len(reports),
+        "report_op_ms": 1000 * sum(z - a for a, z in reports),
+        "mode": agent._monitor_plan is not None,
+        "charged_ms": {k: 1000 * (spent1.get(k, 0) - spent0.get(k, 0)) for k in spent1},
+        "lost_ms": {k: 1000 * sum(d - base for d in v) for k, v in classes.items()},
+        # per kind of burst: how many, their seconds, the detail charged from start to stop (fixed
+        # costs, the reservation settled to the measured slowdown, the wake-ups) and the units' loss
+        "by_kind": {k: dict(row, lost_ms=1000 * sum(d - base for d in in_kind[k])) for k, row in by_kind.items()},
+        "units_by_class": {k: len(v) for k, v in classes.items()},
+        "median_ms": {k: 1000 * statistics.median(v) if v else None for k, v in classes.items()},
+        "gc": [a - b for a, b in zip(gc_after, gc_before, strict=True)],
+        "python": sys.version.split()[0],
+    }
+    print(json.dumps(result, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
