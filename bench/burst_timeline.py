@@ -104,6 +104,7 @@ def main() -> None:
         if k is not None and k < len(charged_at_stop):
             bursts.append((s1, stops[k][0], kind, charged_at_stop[k] - charged0))
     begins = [t_start, *ends[:-1]]
+    units: list[tuple[float, float, str]] = []  # (end, duration, class)
     classes: dict[str, list[float]] = {"plain": [], "burst": [], "start": [], "stop": [], "report": [], "near": []}
     spans = sorted(
         [(a, b, "start") for a, b in starts]
@@ -139,7 +140,22 @@ def main() -> None:
                 if j < len(spans) and spans[j][0] <= e + 0.05:
                     cls = "near"
         classes[cls].append(d)
+        units.append((e, d, cls))
     base = statistics.fmean(classes["plain"])  # plain units carry the sampling: the baseline
+    # Per burst, against the plain units of the second before it and the second after it: the
+    # machine's speed drifts by tens of percent over tens of seconds here, which a run-wide
+    # baseline would book on whichever class ran long stretches (call bursts do).
+    unit_ends = [u[0] for u in units]
+    local_loss: dict[str, float] = {k: 0.0 for k in by_kind}
+    local_n: dict[str, int] = {k: 0 for k in by_kind}
+    for a, z, kind, _ in bursts:
+        lo, hi = bisect.bisect_left(unit_ends, a - 1.0), bisect.bisect_right(unit_ends, z + 1.0)
+        near = [d for e, d, c in units[lo:hi] if c == "plain" and (e < a or e > z)]
+        inside = [d for e, d, c in units[lo:hi] if c == "burst" and a <= e <= z]
+        if len(near) >= 20 and inside:
+            local = statistics.fmean(near)
+            local_loss[kind] += sum(d - local for d in inside)
+            local_n[kind] += 1
     result = {
         "seconds": args.seconds,
         "budget": args.budget,
@@ -149,6 +165,11 @@ def main() -> None:
         "burst_s": sum(z - a for a, z, _, _ in bursts),
         "start_op_ms": 1000 * sum(z - a for a, z in starts),
         "stop_op_ms": 1000 * sum(z - a for a, z in stops),
+        # the sampler's looks at running bursts (each a wake-up taking the GIL), per second of burst
+        "detail_steps_per_burst_s": sum(
+            1 for n, a, _ in evs if n == "_detail_step" and any(b0 <= a <= b1 for b0, b1, _, _ in bursts)
+        )
+        / max(1e-9, sum(z - a for a, z, _, _ in bursts)),
         "reports": len(reports),
         "report_op_ms": 1000 * sum(z - a for a, z in reports),
         "mode": agent._monitor_plan is not None,
@@ -156,7 +177,15 @@ def main() -> None:
         "lost_ms": {k: 1000 * sum(d - base for d in v) for k, v in classes.items()},
         # per kind of burst: how many, their seconds, the detail charged from start to stop (fixed
         # costs, the reservation settled to the measured slowdown, the wake-ups) and the units' loss
-        "by_kind": {k: dict(row, lost_ms=1000 * sum(d - base for d in in_kind[k])) for k, row in by_kind.items()},
+        "by_kind": {
+            k: dict(
+                row,
+                lost_ms=1000 * sum(d - base for d in in_kind[k]),
+                lost_local_ms=1000 * local_loss[k],
+                measured_locally=local_n[k],
+            )
+            for k, row in by_kind.items()
+        },
         "units_by_class": {k: len(v) for k, v in classes.items()},
         "median_ms": {k: 1000 * statistics.median(v) if v else None for k, v in classes.items()},
         "gc": [a - b for a, b in zip(gc_after, gc_before, strict=True)],
