@@ -789,7 +789,12 @@ class Agent:
             if self._new_triggers:
                 self._take_new_triggers(now)
             if self.triggers is not None and not self.paused and now >= self._next_check:
-                self._check_triggers(sock, now)
+                try:
+                    self._check_triggers(sock, now)
+                except Exception as exc:  # a bug here must not take sampling down with it
+                    self.triggers = None
+                    self._next_check = math.inf
+                    self.errors.append(f"triggers: {type(exc).__name__}: {exc}; switched off")
             if self._event_end is not None and now >= self._event_end:
                 self._event_end = None
                 next_report = now  # the event's window ends with this report
@@ -1828,6 +1833,8 @@ class Agent:
                 }
             )
             self.mark(f"{f.spec.describe()}: {f.why}", "trigger")
+        # Kept for the next report that goes; without a monitor for long, only the newest.
+        del self._events[:-MAX_PENDING_MARKS]
         if self._hello_sent:
             self._report(sock, split_at=now - before)
         # Applied by the loop below, as agent.boost's is; ends the event's higher budget after "after".

@@ -233,3 +233,23 @@ def test_a_predicate_trigger_splits_the_report_boosts_to_the_ceiling_and_reports
     finally:
         a.stop()
         monitor.close()
+
+
+def test_a_failure_in_the_triggers_switches_them_off_and_sampling_goes_on(rig, monkeypatch):
+    from agent.triggers import Triggers, TriggerSpec
+
+    a, monitor = rig
+
+    def broken(self: Triggers, now: float, skip: frozenset[int] = frozenset()) -> list[Any]:
+        raise RuntimeError("planted")
+
+    monkeypatch.setattr(Triggers, "check", broken)
+    monitor.until("a report", lambda: bool(monitor.reports))
+    a.add_trigger(TriggerSpec(kind="predicate", name="never"), lambda: False)
+    monitor.until(
+        "the error in a report", lambda: any("triggers: RuntimeError: planted" in e for r in monitor.reports
+                                             for e in r.get("errors") or ())
+    )  # fmt: skip
+    taken = a.samples_taken
+    monitor.until("samples after it", lambda: a.samples_taken >= taken + 20)
+    assert a.alive and a.triggers is None
