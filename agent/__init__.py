@@ -352,6 +352,8 @@ def trigger(
     (default: the ceiling, else ten times the budget, at most 10%).
     Raises ValueError for a condition or option it cannot read.
     """
+    import dataclasses
+
     from agent.triggers import TriggerSpec, parse_options, parse_trigger
 
     settings = {"before": before, "after": after, "budget": budget}
@@ -364,7 +366,7 @@ def trigger(
     else:
         spec = parse_trigger(str(condition), settings)
         if name:
-            spec = TriggerSpec(**{**spec.to_json(), "name": str(name)[:100]}).checked()
+            spec = dataclasses.replace(spec, name=str(name)[:100])
         predicate = None
     current = _running()
     if current is not None:

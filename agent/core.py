@@ -1645,46 +1645,34 @@ class Agent:
             self._watch_charged_s += watched
             self._window_costs["watchdog"] = self._window_costs.get("watchdog", 0.0) + watched
             self.guard.charge(watched, now, "watchdog")
-        # The samplers skip only the sampler thread: our other threads' stacks are left out here.
-        ours = self._our_threads()
-        kept = [(tid, n, stack) for (tid, stack), n in self.counts.items() if tid not in ours]
-        self.tables.flag_leaves({stack[0] for _, _, stack in kept if stack})
-        strings, locs = self.tables.unsent()
         self.guard.tokens(now)  # brings allowed_s up to now
-        body: dict[str, Any] = {
-            "agent": self.agent_id,
-            "seq": self.seq,
-            "epoch": self.tables.epoch,
-            "t": time.time(),
-            "window_s": now - self._window_start,
-            "strings": strings,
-            "locs": locs,
-            "stacks": [[tid, n, list(stack)] for tid, n, stack in kept],
-            "samples": self.samples_in_window,
-            "threads": self._thread_names({tid for tid, _ in self.counts}),
-            # this window's sampling and earlier reports; this report's own cost goes in the next
-            "costs": dict(self._window_costs),
-            # what one sample and one report cost, as our own plan has them (the
-            # monitor plans with these: only we know which wake-ups are whose)
-            "unit_costs": {"sample": self.sample_cost_s, "report": self.report_cost_s},
-            "spent_s": self.guard.spent_s,
-            "allowed_s": self.guard.allowed_s,
-            "startup_s": self.startup_s,
-            "elapsed_s": now - self.guard.started,
-            "budget": self.budget,
-            "delays": {
-                "sample": self.sample_delay_s,
-                "report": self.report_delay_s,
-                "sample_lag": self.sample_lag_s,
-                **{f"detail.{name}": d for name, d in self.plan.detail_delay_s.items() if not math.isinf(d)},
-            },
-            "dropped": dict(self.dropped),
-            "errors": self.errors[-10:],
-            "mode": "monitor" if self._monitor_plan is not None else "local",
-            "proflets": self._proflet_states(),
-            "details": self._details_done,
-            "paused": self.paused,
-        }
+        body = self._counts_body(self.counts, self.samples_in_window, time.time(), now - self._window_start)
+        body.update(
+            {
+                # this window's sampling and earlier reports; this report's own cost goes in the next
+                "costs": dict(self._window_costs),
+                # what one sample and one report cost, as our own plan has them (the
+                # monitor plans with these: only we know which wake-ups are whose)
+                "unit_costs": {"sample": self.sample_cost_s, "report": self.report_cost_s},
+                "spent_s": self.guard.spent_s,
+                "allowed_s": self.guard.allowed_s,
+                "startup_s": self.startup_s,
+                "elapsed_s": now - self.guard.started,
+                "budget": self.budget,
+                "delays": {
+                    "sample": self.sample_delay_s,
+                    "report": self.report_delay_s,
+                    "sample_lag": self.sample_lag_s,
+                    **{f"detail.{name}": d for name, d in self.plan.detail_delay_s.items() if not math.isinf(d)},
+                },
+                "dropped": dict(self.dropped),
+                "errors": self.errors[-10:],
+                "mode": "monitor" if self._monitor_plan is not None else "local",
+                "proflets": self._proflet_states(),
+                "details": self._details_done,
+                "paused": self.paused,
+            }
+        )
         marks = self._unsent_marks
         while self._marks:
             marks.append(self._marks.popleft())
@@ -1723,6 +1711,28 @@ class Agent:
         self._report_wakes_s = 0.0
         self._replan()
 
+    def _counts_body(
+        self, counts: dict[tuple[int, tuple[int, ...]], int], samples: int, t: float, window_s: float
+    ) -> dict[str, Any]:
+        """A report's required part: ``counts`` (less our own threads'), with the table entries they need."""
+        # The samplers skip only the sampler thread: our other threads' stacks are left out here.
+        ours = self._our_threads()
+        kept = [(tid, n, stack) for (tid, stack), n in counts.items() if tid not in ours]
+        self.tables.flag_leaves({stack[0] for _, _, stack in kept if stack})
+        strings, locs = self.tables.unsent()
+        return {
+            "agent": self.agent_id,
+            "seq": self.seq,
+            "epoch": self.tables.epoch,
+            "t": t,
+            "window_s": window_s,
+            "strings": strings,
+            "locs": locs,
+            "stacks": [[tid, n, list(stack)] for tid, n, stack in kept],
+            "samples": samples,
+            "threads": self._thread_names({tid for tid, _, _ in kept}),
+        }
+
     def _send_before(self, sock: zmq.Socket[Any], split_at: float, now: float) -> None:
         """Send what the ring says was counted before ``split_at`` as a report of its own.
 
@@ -1740,28 +1750,20 @@ class Agent:
         # otherwise show the whole window's at the event.
         share = (boundary - self._window_start) / max(now - self._window_start, 1e-9)
         costs = {k: v * share for k, v in self._window_costs.items()}
-        ours = self._our_threads()
-        kept = [(tid, n, stack) for (tid, stack), n in earlier.items() if tid not in ours]
-        self.tables.flag_leaves({stack[0] for _, _, stack in kept if stack})
-        strings, locs = self.tables.unsent()
-        body: dict[str, Any] = {
-            "agent": self.agent_id,
-            "seq": self.seq,
-            "epoch": self.tables.epoch,
-            "t": time.time() - (now - boundary),
-            "window_s": boundary - self._window_start,
-            "strings": strings,
-            "locs": locs,
-            "stacks": [[tid, n, list(stack)] for tid, n, stack in kept],
-            "samples": self.samples_in_window - samples_after,
-            "threads": self._thread_names({tid for tid, _, _ in kept}),
-            "costs": costs,
-            "spent_s": self.guard.spent_s,
-            "startup_s": self.startup_s,
-            "elapsed_s": boundary - self.guard.started,
-            "budget": self.budget,
-            "paused": self.paused,
-        }
+        body = self._counts_body(
+            earlier,
+            self.samples_in_window - samples_after,
+            time.time() - (now - boundary),
+            boundary - self._window_start,
+        )
+        body.update(
+            costs=costs,
+            spent_s=self.guard.spent_s,
+            startup_s=self.startup_s,
+            elapsed_s=boundary - self.guard.started,
+            budget=self.budget,
+            paused=self.paused,
+        )
         if self._send(sock, protocol.REPORT, body):
             self.seq += 1
             self.tables.mark_sent()
@@ -1785,14 +1787,12 @@ class Agent:
         self._ring.resize(max(s.spec.before_s for s in self.triggers.states) if self.triggers.states else 0.0)
         if math.isinf(self._next_check):
             self._next_check = now
-            # Counted since the window began: the first slice holds it all.
-            self._ring.clear(self._window_start)
 
     def _check_triggers(self, sock: zmq.Socket[Any], now: float) -> None:
         """Cut the ring's slice, evaluate the conditions, fire what holds."""
         assert self.triggers is not None
-        if math.isinf(self._next_check) or self._ring.start is None:
-            self._ring.clear(self._window_start)
+        if self._ring.start is None:
+            self._ring.clear(self._window_start)  # what was counted before the first check is in its window
         self._next_check = now + CHECK_S
         if self._hello_sent:
             # Only while reports go: they empty the ring, and a split needs a report to go.

@@ -359,22 +359,20 @@ class Triggers:
         marks: list[str],
     ) -> tuple[bool, str]:
         spec = state.spec
+        if spec.kind in ("rss", "rss_growth") and rss is None:
+            state.off = "no /proc/self/statm here: rss triggers are off"
+            self.errors.append(state.off)
+            return False, ""
         if spec.kind == "cpu":
             if cpu is None:
                 return False, ""
             held = now - state.since if state.since is not None else 0.0
             return cpu > spec.threshold, f"process CPU {100 * cpu:.0f}% for {max(held, spec.for_s):.0f} s"
         if spec.kind == "rss":
-            if rss is None:
-                state.off = "no /proc/self/statm here: rss triggers are off"
-                self.errors.append(state.off)
-                return False, ""
+            assert rss is not None
             return rss > spec.threshold, f"RSS {rss / 1e6:.0f} MB"
         if spec.kind == "rss_growth":
-            if rss is None:
-                state.off = "no /proc/self/statm here: rss triggers are off"
-                self.errors.append(state.off)
-                return False, ""
+            assert rss is not None
             history = state.history
             history.append((now, rss))
             while len(history) > 1 and now - history[1][0] >= spec.for_s:

@@ -399,16 +399,6 @@ class Session:
         self.triggers.append(kept)
         return kept
 
-    def trigger(self, number: int) -> dict[str, Any]:
-        """Event ``number``; raises KeyError with what there is."""
-        for event in self.triggers:
-            if event["id"] == number:
-                return event
-        if not self.triggers:
-            raise KeyError(f"process {self.pid} has had no trigger events")
-        ids = [e["id"] for e in self.triggers]
-        raise KeyError(f"process {self.pid} has no trigger event {number} (it has {ids[0]} to {ids[-1]})")
-
     def check_stacks(self, state: AgentState, report: dict[str, Any]) -> StackCheck:
         """Look the report's stacks up in the agent's cache, and check the location ids of those it has not sent before.
 

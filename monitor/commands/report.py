@@ -118,7 +118,7 @@ def _num(v: Any, fmt: str = "{:,.0f}") -> str:
 MARKS_LISTED = 10
 
 
-def _clock(t: Any) -> str:
+def clock_text(t: Any) -> str:
     """A wall time as the local time of day, to the tenth of a second."""
     import time
 
@@ -143,16 +143,16 @@ def render(report: dict[str, Any], console: Console, limit: int = 20) -> None:
     if p.get("tag") is not None:
         console.print(f"only the samples inside tag [bold]{p['tag']}[/] ({_num(p.get('tag_samples'))} samples)")
     if p.get("reset_t") is not None:
-        console.print(f"[dim]statistics since the reset at {_clock(p['reset_t'])}[/]")
+        console.print(f"[dim]statistics since the reset at {clock_text(p['reset_t'])}[/]")
     marks = p.get("marks") or []
     if marks:
         shown = marks[-MARKS_LISTED:]
         more = f" (the last {len(shown)} of {len(marks)})" if len(marks) > len(shown) else ""
-        console.print(f"marks{more}: " + ", ".join(f"{_clock(m['t'])} {m['name']}" for m in shown))
+        console.print(f"marks{more}: " + ", ".join(f"{clock_text(m['t'])} {m['name']}" for m in shown))
     events = p.get("triggers") or []
     for e in events[-MARKS_LISTED:]:
         console.print(
-            f"[magenta]trigger {e['id']}[/] {_clock(e['t'])} {e['name']}: {e['why']}  "
+            f"[magenta]trigger {e['id']}[/] {clock_text(e['t'])} {e['name']}: {e['why']}  "
             f"[dim](dyper bottlenecks {p.get('pid')} --trigger {e['id']})[/]"
         )
     if report["status"]:

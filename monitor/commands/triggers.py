@@ -41,13 +41,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from monitor.commands import CliError, add_monitor_argument, pid_arg
+from monitor.commands.report import clock_text
 from monitor.windows import WindowSpec
 
 NAME = "triggers"
@@ -84,10 +84,6 @@ def event_windows(monitor: str, pid: int, number: int) -> tuple[dict[str, Any], 
     raise CliError(f"process {pid} has no trigger event {number}: see dyper triggers {pid}")
 
 
-def _clock(t: float) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(t))
-
-
 def run(args: argparse.Namespace) -> int:
     events = fetch(args.monitor, args.pid)
     if args.json:
@@ -104,10 +100,10 @@ def run(args: argparse.Namespace) -> int:
         start, end = e["window"]
         table.add_row(
             str(e["id"]),
-            _clock(e["t"]),
+            clock_text(e["t"]),
             e["name"],
             e["why"],
-            f"{_clock(start)} to {_clock(end)}",
+            f"{clock_text(start)} to {clock_text(end)}",
             f"{100 * e['budget']:g}%",
         )
     console.print(table)

@@ -6,7 +6,14 @@ import json
 import time
 from typing import Any
 
-from tests.integration.conftest import TARGETS, dyper, start_target, stop, wait_for
+from tests.integration.conftest import REPO, dyper, start_target, stop, wait_for
+
+#: bench/transients.py's service, one cycle, shorter: a core taken for 3 s from 6.5 s after the
+#: agent starts, a thread stuck 3.5 s on a lock from 10.5 s, 200 MB in 1.5 s from 15.5 s.
+TRANSIENT = (
+    str(REPO / "bench" / "workloads" / "transient_service.py"), "--period", "0",
+    "--hot-at", "6.5", "--hot", "3", "--stuck-at", "10.5", "--stuck", "3.5", "--spike-at", "15.5", "--spike", "1.5",
+)  # fmt: skip
 
 
 def _functions(path: Any) -> dict[str, int]:
@@ -20,7 +27,7 @@ def _functions(path: Any) -> dict[str, int]:
 
 
 def test_planted_transients_fire_their_triggers_and_their_windows_show_the_culprits(standing_monitor, tmp_path):
-    target = start_target(str(TARGETS / "transient.py"))
+    target = start_target(*TRANSIENT)
     ep, pid = standing_monitor.endpoint, str(target.pid)
     options = ", before 1s, after 2s"
     try:
@@ -28,7 +35,7 @@ def test_planted_transients_fire_their_triggers_and_their_windows_show_the_culpr
             "attach", pid, "--budget", "1%", "--ceiling", "8%", "--monitor", ep,
             # Fires 1 to 2.5 s into the hot phase (a check a second, held half a second):
             # its "before" takes the onset in, the window before it ends ahead of the onset.
-            "--trigger", "cpu > 45% for 0.5s, before 3s, after 2s",
+            "--trigger", "cpu > 40% for 0.5s, before 3s, after 2s",
             "--trigger", "blocked > 1.5s" + options,
             "--trigger", "rss + 40MB/s for 1s" + options,
             check=True,
@@ -63,7 +70,8 @@ def test_planted_transients_fire_their_triggers_and_their_windows_show_the_culpr
         dyper("export", pid, "--trigger", cpu_id, "--normal", "-o", str(normal), "--monitor", ep, check=True)
         hot, calm = _functions(during), _functions(normal)
         assert hot.get("hot_function", 0) >= 0.5 * max(hot.values()), hot
-        assert "hot_function" not in calm and calm.get("steady", 0) > 0, calm
+        # A check that came late under load could let the onset's first tenths into it, no more.
+        assert calm.get("hot_function", 0) <= 0.1 * max(calm.values()) and calm.get("steady", 0) > 0, calm
 
         # The spike's window has the allocating function.
         spike = tmp_path / "spike.collapsed"
@@ -83,14 +91,14 @@ def test_planted_transients_fire_their_triggers_and_their_windows_show_the_culpr
         listed = json.loads(dyper("triggers", pid, "--json", "--monitor", ep, check=True).stdout)
         assert [e["id"] for e in listed] == [e["id"] for e in fired]
         listing = dyper("triggers", pid, "--monitor", ep, check=True).stdout
-        assert "cpu > 45%" in listing and "blocked > 1.5s" in listing and "--trigger N" in listing
+        assert "cpu > 40%" in listing and "blocked > 1.5s" in listing and "--trigger N" in listing
     finally:
         dyper("detach", pid, "--monitor", ep)
         stop(target)
 
 
 def test_a_trigger_it_cannot_read_stops_the_attach_with_one_line(standing_monitor):
-    target = start_target(str(TARGETS / "transient.py"))
+    target = start_target(*TRANSIENT)
     try:
         out = dyper("attach", str(target.pid), "--monitor", standing_monitor.endpoint, "--trigger", "cpu > lots")
         assert out.returncode == 1 and out.stderr.count("\n") == 1 and "write it like" in out.stderr
