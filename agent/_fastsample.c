@@ -1638,7 +1638,15 @@ ticker_main(void *arg)
         }
         if (ticker.gen != gen) {
             gen = ticker.gen;
-            next = now + (ticker.mean_s > 0 ? ticker_delay() : 0.0);
+            /* New tokens or a new delay. A tick already due sooner than the new
+             * delay would bring it stays where it is: the agent sets tokens at
+             * every wake-up, and when it woke more often than the delay (a
+             * collector's own passes), restarting the delay each time meant no
+             * tick ever came. */
+            double fresh = now + (ticker.mean_s > 0 ? ticker_delay() : 0.0);
+            if (!(next > now && next < fresh)) {
+                next = fresh;
+            }
             continue;
         }
         if (rc != ETIMEDOUT || now < wake_at || ticker.mean_s <= 0) {

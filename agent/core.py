@@ -95,6 +95,8 @@ REPLAN_S: Final = 1.0
 _EARLY_REPLANS: Final = frozenset({1, 2, 4, 8, 16, 32})
 #: Snapshots the ticker may queue before the loop drains them between reports.
 TICKER_DRAIN_AT: Final = 512
+#: The least time between two passes of a collector's own sampling (Collector.poll).
+MIN_POLL_S: Final = 0.001
 #: Until this many samples are in, the loop drains after TICKER_EARLY_DRAIN_S,
 #: then twice that, and so on, at most TICKER_EARLY_DRAINS times, and replans,
 #: so the first plan's high cost guess is soon replaced.
@@ -149,8 +151,9 @@ DETAIL_TICK_S: Final = 0.1
 #: thread on the eval loop's slow path: a burst halves a busy process's speed.
 #: That is now charged (proflets.base.YappiCharge), so bursts are short and
 #: few, and their rates are rough (0.7 to 1.3 of the truth on the planted
-#: paced thread): there it runs only when named.
-DEFAULT_PROFLETS: Final = ("cpu",) if sys.version_info >= (3, 12) else ()
+#: paced thread): there it runs only when named. The tasks proflet (asyncio)
+#: runs everywhere: without asyncio it looks once every 2 s, for nothing else.
+DEFAULT_PROFLETS: Final = ("cpu", "tasks") if sys.version_info >= (3, 12) else ("tasks",)
 #: Marks (agent.mark, pause, resume, reset, boost) kept for the next report; older ones are dropped and counted.
 MAX_PENDING_MARKS: Final = 256
 #: While paused, reports (which tell the monitor the agent is alive and paused) go at most this often.
@@ -429,6 +432,13 @@ class Agent:
         self._paths: dict[str, str] = {}
         #: those whose sampled / report hooks are overridden (only those are called)
         self._on_sampled: list[Collector] = []
+        #: collectors with their own sampling passes (Collector.poll), and when each is due
+        self._on_poll: list[Collector] = []
+        self._next_poll: dict[str, float] = {}
+        self._poll_cost_s: dict[str, float] = {}
+        #: what each collector's passes spend per second, measured: taken off the budget that sampling is planned with
+        self._poll_rate: dict[str, float] = {}
+        self._poll_delay: dict[str, float] = {}
         self._on_report: list[Collector] = []
         #: active threads per sample, cumulative (see ReportContext.activity); None: nobody asked
         self._activity: list[int] | None = None
@@ -781,6 +791,8 @@ class Agent:
                     if self._samples_total in _EARLY_REPLANS:
                         self._replan()
                     next_sample = now + self._jitter(self.sample_delay_s)
+            if self._on_poll and not self.paused:
+                self._poll_step(now)
             detailing = bool(self._bursts)
             if self.proflet_costs and not self.paused and now >= self._detail_at:
                 self._detail_step(self.clock())
@@ -853,6 +865,7 @@ class Agent:
                 next_report,
                 self._detail_at if self.proflet_costs and not self.paused else math.inf,
                 self._boost_until if self._boost_until is not None else math.inf,
+                min(self._next_poll.values(), default=math.inf) if not self.paused else math.inf,
                 self._next_check if self.triggers is not None and not self.paused else math.inf,
                 self._event_end if self._event_end is not None else math.inf,
                 next_hello if not self._hello_sent and hello_wait < HELLO_RETRY_S else math.inf,
@@ -980,8 +993,12 @@ class Agent:
 
     def _replan(self) -> None:
         now = self.clock()
+        # The collectors' own passes pace themselves to a share of the budget:
+        # the stack samples are planned with the rest, or the ticker would take
+        # every token and the passes would wait for ever.
+        polls = min(0.5 * self.budget, sum(self._poll_rate.values()))
         self.plan = plan(
-            self.budget,
+            self.budget - polls,
             # With the ticker the loop's wake-ups are spread over the samples
             # each drain brings (_undrained_s), already in sample_cost_s.
             self.sample_cost_s + (0.0 if self.ticker else self.wake_cost_s),
@@ -1147,6 +1164,9 @@ class Agent:
             kind = type(collector)
             if kind.sampled is not Collector.sampled:
                 self._on_sampled.append(collector)
+            if kind.poll is not Collector.poll:
+                self._on_poll.append(collector)
+                self._next_poll[name] = self.clock()
             if kind.report is not Collector.report:
                 self._on_report.append(collector)
             if collector.WANTS_ACTIVITY:
@@ -1172,6 +1192,9 @@ class Agent:
         """A collector raised or hung: it is done for this run; nothing reaches the application."""
         collector = self.collectors.pop(name, None)
         self._on_sampled = [c for c in self._on_sampled if c is not collector]
+        self._on_poll = [c for c in self._on_poll if c is not collector]
+        self._next_poll.pop(name, None)
+        self._poll_rate.pop(name, None)
         self._on_report = [c for c in self._on_report if c is not collector]
         self.proflet_costs.pop(name, None)
         self.kind_costs.pop(name, None)
@@ -1551,6 +1574,45 @@ class Agent:
             self._ring.clear(self.clock())
         if self.tables.full():
             self._restart_tables()
+
+    def _poll_step(self, now: float) -> None:
+        """Run the collectors' own sampling passes that are due, charged as sampling, within the budget."""
+        for collector in list(self._on_poll):
+            name = collector.name
+            due = self._next_poll.get(name, math.inf)
+            if now < due:
+                continue
+            # Short of money, the pass is skipped and the next comes in its turn.
+            # Waking again when the money should be there failed: every wake-up
+            # (about 0.1 ms here, a tenth of a second's budget at 1%) spent what
+            # had accrued, and neither passes nor samples ran again.
+            if self.guard.wait_needed(now, self._poll_cost_s.get(name, 0.0) + self.wake_cost_s) > 0:
+                self._next_poll[name] = now + self._poll_delay.get(name, MIN_POLL_S)
+                continue
+            t0 = _cost_clock()
+            try:
+                delay = float(self._call(name, collector.poll, now, self.budget, self.wake_cost_s))
+            except Exception as exc:
+                self._switch_off(name, exc)
+                continue
+            finally:
+                spent = _cost_clock() - t0
+                self._window_costs["sample"] += spent
+                self._accounted_s += spent
+                self.guard.charge(spent, self.clock(), "sample")
+                self.max_op_s = max(self.max_op_s, spent)
+            cost = self._poll_cost_s.get(name)
+            self._poll_cost_s[name] = spent if cost is None else cost + EWMA_ALPHA * (spent - cost)
+            # At least a millisecond apart: a collector asking for 0 must not spin this loop.
+            delay = max(MIN_POLL_S, delay if delay == delay else MIN_POLL_S)
+            self._next_poll[name] = now + delay
+            self._poll_delay[name] = delay
+            # A pass usually wakes this loop for itself: the wake-up is its price too.
+            rate = (self._poll_cost_s[name] + self.wake_cost_s) / delay
+            was = self._poll_rate.get(name, 0.0)
+            self._poll_rate[name] = rate
+            if abs(rate - was) > 0.25 * max(was, 0.02 * self.budget):
+                self._replan()  # passes that start (asyncio came) or stop, or a new pace: sampling makes room
 
     def _count_pending(self) -> None:
         """Decide the new leaves of pending samples, then count those samples' active threads.

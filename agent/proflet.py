@@ -10,6 +10,9 @@ A collector has four hooks, all optional no-ops; the agent calls only those
 a collector overrides, so an unused hook costs nothing:
 
 * :meth:`Collector.sampled`: after each batch of stack samples is recorded;
+* :meth:`Collector.poll`: a pass of the collector's own sampling, at the
+  pace it asks for (the asyncio task sampler: the stack samples come from
+  the C ticker in batches, too late for a loop's state);
 * :meth:`Collector.start_detail` / :meth:`Collector.stop_detail`: a burst of
   costly analysis that the scheduler places inside the budget (DYPER
   section 4). The collector tells the scheduler what a burst costs (OVHD,
@@ -25,6 +28,7 @@ why); the application never sees it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import CodeType
@@ -88,6 +92,18 @@ class Collector:
 
     def sampled(self, n: int, counts: Mapping[tuple[int, tuple[int, ...]], int]) -> None:
         """``n`` more samples were added to the window's ``counts``. Charged as sampling: keep it cheap."""
+
+    def poll(self, now: float, budget: float, wake_s: float) -> float:
+        """One pass of the collector's own sampling; returns the seconds until the next pass.
+
+        ``now`` is the agent's clock, ``budget`` the share of wall time the
+        agent may spend, ``wake_s`` what waking the agent's thread for a pass
+        costs besides the pass (measured). A pass is charged as sampling and
+        waits, like a stack sample, until the budget has the money for it;
+        stack sampling is planned with what the passes leave. Pace passes so
+        that they and their wake-ups cost a modest share of ``budget``.
+        """
+        return math.inf
 
     def report(self, ctx: ReportContext) -> dict[str, Any] | None:
         """Data for this window's report (plain msgpack-able data), or None for nothing."""

@@ -295,6 +295,35 @@ def process_info(session: Session) -> dict[str, Any]:
     }
 
 
+def task_profile(session: Session, start: float | None = None, end: float | None = None) -> Profile:
+    """The task view of ``session`` for reports ending in (start, end]: asyncio tasks' await chains as stacks.
+
+    Its "threads" are task names (numbered ones without their number), its
+    counts milliseconds of task wall time (``cpu``: of running), so every
+    export and the bottleneck search read it as they read the thread view.
+    Raises ValueError when the process has shown no asyncio task.
+    """
+    from proflets.tasks import TasksAnalyzer
+
+    analyzer = session.analyzers.get("tasks")
+    if not isinstance(analyzer, TasksAnalyzer) or not analyzer.frames:
+        raise ValueError(
+            f"process {session.pid} has no task view: no asyncio tasks seen "
+            "(the tasks proflet runs by default; was it left out of --proflets?)"
+        )
+    profile: Profile = analyzer.profile(start, end)
+    process = process_info(session)
+    process.update(
+        view="tasks",
+        unit="ms",
+        duration_s=session.duration_s() if start is None and end is None else None,
+        window={"start": start, "end": end},
+    )
+    profile.process = process
+    profile.paths = session_paths(session)
+    return profile
+
+
 def session_paths(session: Session) -> dict[str, str]:
     return dict(session.hello.get("paths") or {})
 

@@ -722,6 +722,17 @@ class Monitor:
                 spec = _window_arg(args)
             except ValueError as exc:
                 return reply(error=f"{op}: {exc}")
+            if args.get("view") == "tasks" and op in ("profile", "top"):
+                from monitor.profile import task_profile
+
+                start, end = spec.resolve(session.first_report_t, session.last_report_t or None)
+                try:
+                    tasks = task_profile(session, start, end)
+                except ValueError as exc:
+                    return reply(error=str(exc))
+                if op == "profile":
+                    return reply(tasks.to_json())
+                return reply(views.top_view(session, profile=tasks, charge_libraries=bool(args.get("libraries"))))
             if op == "profile":
                 build, slow = self.window_job(session, spec)
                 return self._answer(ident, rid, build, lambda p: p.to_json(), slow)

@@ -112,6 +112,8 @@ def top_view(
             r["calls_per_s"] = rates[key]
     return {
         "session": session_info(session),
+        "view": profile.process.get("view", "threads"),
+        "asyncio": asyncio_summary(session, window_s),
         "samples_per_s": samples_per_s(session),
         "cpu_samples": profile.total("cpu"),
         "wall_samples": profile.total("wall"),
@@ -119,6 +121,21 @@ def top_view(
         "by_total": sorted(rows, key=lambda r: -r["total"])[:limit],
         "dropped": profile.process.get("dropped", {}),
     }
+
+
+def asyncio_summary(session: Session, window_s: float | None = None) -> dict[str, Any] | None:
+    """The tasks proflet's loops and busiest handlers over the window, for the live views (None: no asyncio seen)."""
+    analyzer = session.analyzers.get("tasks")
+    if analyzer is None:
+        return None
+    start = None if window_s is None or not session.windows else session.windows[-1].t - window_s
+    try:
+        r = analyzer.results(start, None)
+    except Exception:  # the live view goes on without it
+        return None
+    if not r:
+        return None
+    return {"loops": r["loops"], "handlers": r["handlers"][:3], "blocks": r["blocks"][:1]}
 
 
 def service_top_view(
@@ -223,7 +240,14 @@ def render_top(view: dict[str, Any], title: str | None = None) -> Group:
             row["name"],
             f"{_short(row['file'])}:{row['line']}",
         )
+    if view.get("view") == "tasks":
+        table.title = (
+            title + "   " if title else ""
+        ) + "task view: self/total % of task time running, wall: waiting too"
     parts: list[Any] = [header, table]
+    aio = view.get("asyncio")
+    if aio:
+        parts.append(render_asyncio(aio))
     if service and service["processes"] > 1:
         rows = "   ".join(
             f"{m['pid']}{'' if m['connected'] or info.get('ended') else ' (gone)'} "
@@ -243,3 +267,32 @@ def render_top(view: dict[str, Any], title: str | None = None) -> Group:
 
 def render_waiting(what: str, since: float) -> Text:
     return Text(f"dyper: {what} ({time.monotonic() - since:.0f}s)", style="dim")
+
+
+def render_asyncio(aio: dict[str, Any]) -> Text:
+    """One line per event loop (tasks, busy, blocks, lag) and per busiest handler (what it awaits)."""
+    text = Text()
+    for loop in aio.get("loops") or ():
+        blocked = (
+            f"[red]blocked {loop['blocks']}x, {loop['blocked_s']:.2f} s[/]"
+            if loop["blocks"]
+            else "[green]never blocked[/]"
+        )
+        text.append_text(
+            Text.from_markup(
+                f"asyncio loop in {loop['thread']}: {loop['tasks_mean']:.0f} tasks (max {loop['tasks_max']}), "
+                f"busy {loop['busy_pct']:.0f}%, {blocked}, lag p99 {loop['lag_ms_p99']:.1f} ms\n"
+            )
+        )
+    for b in aio.get("blocks") or ():
+        leaf: dict[str, Any] = b["stack"][-1] if b["stack"] else {"function": "?", "file": "?", "line": 0}
+        text.append(
+            f"  longest block {b['duration_ms']:.0f} ms in {leaf['function']} ({_short(leaf['file'])}:{leaf['line']})"
+            + (f", task {b['task']}" if b["task"] else "")
+            + "\n"
+        )
+    for h in aio.get("handlers") or ():
+        top = h["awaiting"][0] if h["awaiting"] else None
+        waits = f", {top['pct']:.0f}% awaiting {top['function']}" if top else ""
+        text.append(f"  {h['handler']}: {h['share_pct']:.0f}% of task time, {h['running_pct']:.0f}% running{waits}\n")
+    return text

@@ -66,6 +66,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with a PID: the last N seconds (e.g. 90, 15m), or START:END, any slice its monitor kept "
         "(see dyper export -h)",
     )
+    parser.add_argument(
+        "--view",
+        choices=("threads", "tasks"),
+        default="threads",
+        help="with a PID: tasks for the asyncio task view (each task's await chain is its stack, so time "
+        "spent awaiting shows; counts are ms of task time), threads for the threads' stacks (default)",
+    )
     add_monitor_argument(parser, ", for PIDs")
 
 
@@ -96,7 +103,9 @@ class Source:
         )
 
 
-def read_source(text: str, *, monitor: str, window: WindowSpec | None = None, lines: bool = False) -> Source:
+def read_source(
+    text: str, *, monitor: str, window: WindowSpec | None = None, lines: bool = False, view: str = "threads"
+) -> Source:
     """A file (dyper JSON or collapsed, told apart by content) or a PID asked of the standing monitor.
 
     Raises :class:`CliError` with a one-line message.
@@ -132,6 +141,8 @@ def read_source(text: str, *, monitor: str, window: WindowSpec | None = None, li
         call_args: dict[str, Any] = {"pid": int(text)}
         if window is not None:
             call_args["window"] = window.to_json()
+        if view == "tasks":
+            call_args["view"] = "tasks"
         try:
             with MonitorClient(monitor, timeout=10.0) as client:
                 data = client.call("profile", **call_args)
@@ -156,8 +167,10 @@ def run(args: argparse.Namespace) -> int:
         _, args.window, normal = event_windows(args.monitor, int(args.source), args.trigger)
         if args.compare is None:
             # The event against the normal window just before it: what the transient costs.
-            source = read_source(args.source, monitor=args.monitor, window=args.window, lines=args.lines)
-            base = read_source(args.source, monitor=args.monitor, window=normal, lines=args.lines)
+            source = read_source(
+                args.source, monitor=args.monitor, window=args.window, lines=args.lines, view=args.view
+            )
+            base = read_source(args.source, monitor=args.monitor, window=normal, lines=args.lines, view=args.view)
             base.label = f"pid {args.source} before trigger {args.trigger}"
             source.label = f"pid {args.source} trigger {args.trigger}"
             # The event ran at a raised budget, so it has more samples per second:
@@ -169,10 +182,10 @@ def run(args: argparse.Namespace) -> int:
                 base.scale = passes / base_passes
                 base.label += f" (counts x{base.scale:.2f}: the event's sampling rate)"
             return _search(args, source, base)
-    source = read_source(args.source, monitor=args.monitor, window=args.window, lines=args.lines)
+    source = read_source(args.source, monitor=args.monitor, window=args.window, lines=args.lines, view=args.view)
     compared = None
     if args.compare is not None:
-        compared = read_source(args.compare, monitor=args.monitor, window=args.window, lines=args.lines)
+        compared = read_source(args.compare, monitor=args.monitor, window=args.window, lines=args.lines, view=args.view)
     return _search(args, source, compared)
 
 

@@ -88,6 +88,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--libraries", action="store_true", help="charge library time to the calling app line")
     parser.add_argument("--tag", metavar="NAME", help="only the samples inside functions tagged NAME (agent.tag)")
     parser.add_argument(
+        "--view",
+        choices=("threads", "tasks"),
+        default="threads",
+        help="with a PID: tasks for the asyncio task view (each task's await chain is its stack, so time "
+        "spent awaiting shows; counts are ms of task time), threads for the threads' stacks (default)",
+    )
+    parser.add_argument(
         "--service",
         action="store_true",
         help="with a PID: the whole service it belongs to (a pre-fork master and its workers), merged; "
@@ -117,6 +124,10 @@ def _from_monitor(args: argparse.Namespace, pid: int, spec: WindowSpec | None) -
             call["window_s"] = args.last
     elif spec is not None:
         call["window"] = spec.to_json()
+    if args.view == "tasks":
+        if args.service:
+            raise CliError("--view tasks is of one process: leave out --service", code=2)
+        call["view"] = "tasks"
     try:
         with MonitorClient(args.monitor, timeout=PING_TIMEOUT_S) as client:
             client.call("ping")  # a missing monitor is told in seconds...
@@ -152,6 +163,8 @@ def run(args: argparse.Namespace) -> int:
         event, during, normal = event_windows(args.monitor, int(source), args.trigger)
         spec = normal if args.normal else during
     if os.path.exists(source):
+        if args.view == "tasks":
+            raise CliError("--view tasks needs a PID: a saved profile is one view already", code=2)
         if spec is not None:
             raise CliError(
                 "a saved profile has no time line: --last and --window need a PID (and, for old windows, "
@@ -169,6 +182,8 @@ def run(args: argparse.Namespace) -> int:
         if event is not None:
             what += f"{'the window before ' if args.normal else ''}trigger event {event['id']} ({event['name']}), "
         what += spec.describe() if spec is not None else "whole run"
+        if args.view == "tasks":
+            what += ", task view (counts: ms of task time)"
     else:
         raise CliError(f"no such file: {source}")
     if args.tag is not None:

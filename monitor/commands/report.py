@@ -179,8 +179,10 @@ def render(report: dict[str, Any], console: Console, limit: int = 20) -> None:
     for name in ("memory", "memory_stacks"):
         if name in sections:
             _memory(console, name, sections[name], limit)
+    if sections.get("tasks"):
+        _tasks(console, sections["tasks"], limit)
     for name, section in sections.items():
-        if name not in ("cpu", "threads", "timing", "heap", "io", "memory", "memory_stacks"):
+        if name not in ("cpu", "threads", "timing", "heap", "io", "memory", "memory_stacks", "tasks"):
             _generic(console, name, section, limit)
 
 
@@ -248,6 +250,55 @@ def _timing(console: Console, section: dict[str, Any], limit: int) -> None:
     for r in section.get("threads", [])[:limit]:
         table.add_row(str(r["name"]), f"{r['cpu_s']:.2f}")
     console.print(table)
+
+
+def _tasks(console: Console, section: dict[str, Any], limit: int) -> None:
+    """asyncio: each loop's health, where handlers spend their wall time, the longest blocks with their stacks."""
+    from monitor.views import _short
+
+    console.print(
+        f"[bold]tasks (asyncio):[/] {section['passes']:,} passes, one every {section['interval_ms']:.0f} ms "
+        f"({section['pass_us']:.0f} us each); blocks are callbacks of {section['block_threshold_ms']:.0f} ms or more"
+    )
+    loops = Table(header_style="bold", title="event loops")
+    for col in ("thread", "tasks", "max", "busy %", "blocks", "blocked s", "lag p50 ms", "lag p99 ms", "lag max ms"):
+        loops.add_column(col, justify="left" if col == "thread" else "right")
+    for r in section.get("loops", []):
+        loops.add_row(
+            str(r["thread"]),
+            f"{r['tasks_mean']:.0f}",
+            str(r["tasks_max"]),
+            f"{r['busy_pct']:.0f}",
+            str(r["blocks"]),
+            f"{r['blocked_s']:.2f}",
+            f"{r['lag_ms_p50']:.1f}",
+            f"{r['lag_ms_p99']:.1f}",
+            f"{r['lag_ms_max']:.1f}",
+        )
+    console.print(loops)
+    handlers = Table(header_style="bold", title="handlers: share of task wall time, and where they wait")
+    for col in ("% tasks", "% running", "handler", "task", "awaiting (% of its wall time)"):
+        handlers.add_column(col, justify="right" if col.startswith("%") else "left")
+    for h in section.get("handlers", [])[:limit]:
+        waits = "; ".join(
+            f"{w['pct']:.0f}% {w['function']}" + (f" in {w['via']}" if w["via"] and w["via"] != w["function"] else "")
+            for w in h["awaiting"][:3]
+        )
+        handlers.add_row(
+            f"{h['share_pct']:.1f}",
+            f"{h['running_pct']:.0f}",
+            f"{h['handler']} ({_short(h['file'])}:{h['line']})",
+            h["task"],
+            waits,
+        )
+    console.print(handlers)
+    for b in section.get("blocks", [])[:3]:
+        console.print(
+            f"  loop blocked {b['duration_ms']:.0f} ms at {clock_text(b['t'])}"
+            + (f" in task {b['task']}" if b["task"] else "")
+            + ": "
+            + " > ".join(f"{w['function']} ({_short(w['file'])}:{w['line']})" for w in b["stack"][-4:])
+        )
 
 
 def _bytes(v: Any) -> str:

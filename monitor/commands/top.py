@@ -32,6 +32,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_monitor_argument(parser)
     parser.add_argument("--window", type=duration_arg, help="the last N seconds only (default: whole run)")
     parser.add_argument("--libraries", action="store_true", help="charge library time to the calling app line")
+    parser.add_argument(
+        "--view",
+        choices=("threads", "tasks"),
+        default="threads",
+        help="tasks: asyncio tasks' await chains as stacks (time waiting included) instead of threads' stacks",
+    )
     parser.add_argument("--once", action="store_true", help="print the view once and exit")
     parser.add_argument("--json", action="store_true", help="print the view once as JSON and exit")
 
@@ -68,6 +74,10 @@ def run(args: argparse.Namespace) -> int:
             view_args = {"pid": pid, "libraries": args.libraries, "service": args.service}
             if args.window:
                 view_args["window_s"] = args.window
+            if args.view == "tasks":
+                if args.service:
+                    raise CliError("--view tasks shows one process: leave out --service", code=2)
+                view_args["view"] = "tasks"
             if args.json or args.once:
                 view = client.call("top", **view_args)
                 if args.json:

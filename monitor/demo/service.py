@@ -4,6 +4,10 @@
 * Lock: ``update_stats`` holds one global lock while it works, so request
   threads queue on it.
 * I/O: ``fetch_upstream`` waits on a slow upstream socket server.
+* asyncio: a notifier's event loop in its own thread, where each
+  ``notify`` task awaits ``send_notification`` (a slow await, 50 ms) and
+  ``flush_metrics`` makes a blocking call (``write_metrics_file``, 150 ms of
+  ``time.sleep``) every 2 s, holding the loop.
 
 A built-in load generator keeps it busy. Runs until killed. Prints its port.
 """
@@ -91,6 +95,41 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 
+async def send_notification(n: int) -> None:
+    import asyncio
+
+    await asyncio.sleep(0.05)  # the push service's round trip
+
+
+async def notify(n: int) -> None:
+    await send_notification(n)
+
+
+def write_metrics_file() -> None:
+    time.sleep(0.15)  # blocking file I/O inside a coroutine
+
+
+async def flush_metrics() -> None:
+    import asyncio
+
+    while True:
+        await asyncio.sleep(2.0)
+        write_metrics_file()
+
+
+def notifier() -> None:
+    import asyncio
+
+    async def run() -> None:
+        asyncio.get_running_loop().create_task(flush_metrics(), name="metrics-flusher")
+        n = 0
+        while True:
+            await asyncio.gather(*(notify(n + k) for k in range(8)))
+            n += 8
+
+    asyncio.run(run())
+
+
 def load(port: int, path: str) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", port)
     while True:
@@ -113,6 +152,7 @@ def main() -> None:
     port = server.server_address[1]
     for path in ("/report", "/report", "/stats", "/stats", "/fetch", "/fetch"):
         threading.Thread(target=load, args=(port, path), daemon=True, name=f"load{path}").start()
+    threading.Thread(target=notifier, daemon=True, name="notifier").start()
     print(f"demo service on http://127.0.0.1:{port}/ (pid {__import__('os').getpid()})", flush=True)
     sys.stdout.flush()
     server.serve_forever()

@@ -312,7 +312,19 @@ class Dashboard:
             "errors": report.get("errors", []),
             "overhead": timeline,
             "bursts": len(session.bursts),
+            # the tasks proflet over the window: event loops, handlers, blocks (None: no asyncio seen)
+            "asyncio": self._asyncio(session, spec),
         }
+
+    def _asyncio(self, session: Session, spec: WindowSpec) -> dict[str, Any] | None:
+        analyzer = session.analyzers.get("tasks")
+        if analyzer is None:
+            return None
+        start, end = spec.resolve(session.first_report_t, session.last_report_t or None)
+        try:
+            return analyzer.results(start, end) or None
+        except Exception:  # a proflet's bug must not take the page down
+            return None
 
     def _report(self, session: Session, profile: Profile) -> dict[str, Any]:
         try:

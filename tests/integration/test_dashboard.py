@@ -222,6 +222,15 @@ def test_a_trigger_event_is_listed_and_opens_its_window_against_the_one_before(d
     page.js("document.querySelector('#window-presets button[data-window=\"-60s:\"]').click()")
 
 
+def test_the_asyncio_card_shows_the_demos_loop_its_handlers_and_a_block(dashboard):
+    page = dashboard.page
+    page.until("document.querySelectorAll('#asyncio-blocks li').length >= 1", "a blocked loop in the asyncio card")
+    assert "notifier" in page.js("return document.querySelector('#asyncio-loops tbody tr').textContent")
+    handlers = page.js("return document.getElementById('asyncio-handlers').textContent")
+    assert "send_notification" in handlers, handlers
+    assert "write_metrics_file" in page.js("return document.getElementById('asyncio-blocks').textContent")
+
+
 def test_cpu_table_and_flame_graph_render(dashboard):
     page = dashboard.page
     page.tab("cpu")

@@ -450,7 +450,63 @@
         h("div", { id: "top-functions" })),
       h("div", { class: "card span-12" }, h("h2", null, "Trigger events ",
         h("span", { class: "sub", text: "transients the agent caught (dyper attach --trigger); open one to see its window against the window before it" })),
-        h("div", { id: "trigger-events" }))));
+        h("div", { id: "trigger-events" })),
+      h("div", { class: "card span-12", id: "asyncio-card" }, h("h2", null, "asyncio ",
+        h("span", { class: "sub", text: "event loops, where handlers spend their wall time, and the callbacks that blocked a loop (dyper export --view tasks for the task view)" })),
+        h("div", { id: "asyncio" }))));
+  }
+
+  function updateAsyncio(t) {
+    var box = document.getElementById("asyncio");
+    if (!box) return;
+    clear(box);
+    if (!t || !t.loops || !t.loops.length) {
+      box.appendChild(h("div", { class: "empty", text: "no asyncio event loop seen in this window" }));
+      return;
+    }
+    var loops = h("table", { class: "t", id: "asyncio-loops" });
+    var head = h("tr");
+    ["loop thread", "tasks", "max", "busy", "blocks", "blocked", "lag p50", "lag p99"].forEach(function (c) { head.appendChild(h("th", { text: c })); });
+    loops.appendChild(h("thead", null, head));
+    var body = h("tbody");
+    t.loops.forEach(function (l) {
+      body.appendChild(h("tr", null,
+        h("td", { text: l.thread }),
+        h("td", { class: "num", text: fmtNum(l.tasks_mean, 0) }),
+        h("td", { class: "num", text: String(l.tasks_max) }),
+        h("td", { class: "num", text: fmtNum(l.busy_pct, 0) + "%" }),
+        h("td", { class: "num" + (l.blocks ? " bad" : ""), text: String(l.blocks) }),
+        h("td", { class: "num", text: fmtNum(l.blocked_s, 2) + " s" }),
+        h("td", { class: "num", text: fmtNum(l.lag_ms_p50, 1) + " ms" }),
+        h("td", { class: "num", text: fmtNum(l.lag_ms_p99, 1) + " ms" })));
+    });
+    loops.appendChild(body);
+    box.appendChild(h("div", { class: "tablewrap" }, loops));
+    var handlers = h("table", { class: "t", id: "asyncio-handlers" });
+    head = h("tr");
+    ["handler", "task", "share of task time", "running", "awaiting (share of its wall time)"].forEach(function (c) { head.appendChild(h("th", { text: c })); });
+    handlers.appendChild(h("thead", null, head));
+    body = h("tbody");
+    (t.handlers || []).slice(0, 8).forEach(function (x) {
+      var waits = (x.awaiting || []).slice(0, 3).map(function (w) {
+        return fmtNum(w.pct, 0) + "% " + w["function"] + (w.via && w.via !== w["function"] ? " in " + w.via : "");
+      }).join("; ");
+      body.appendChild(h("tr", null,
+        h("td", { class: "mono", text: x.handler, title: x.file + ":" + x.line }),
+        h("td", { text: x.task }),
+        h("td", { class: "num", text: fmtNum(x.share_pct, 1) + "%" }),
+        h("td", { class: "num", text: fmtNum(x.running_pct, 0) + "%" }),
+        h("td", { text: waits })));
+    });
+    handlers.appendChild(body);
+    box.appendChild(h("div", { class: "tablewrap" }, handlers));
+    var list = h("ul", { class: "findings", id: "asyncio-blocks" });
+    (t.blocks || []).slice(0, 5).forEach(function (b) {
+      var stack = (b.stack || []).slice(-4).map(function (w) { return w["function"] + " (" + w.file.split("/").pop() + ":" + w.line + ")"; }).join(" > ");
+      list.appendChild(h("li", { class: "warn", text: "loop blocked " + fmtNum(b.duration_ms, 0) + " ms at " +
+        new Date(b.t * 1000).toLocaleTimeString() + (b.task ? " in task " + b.task : "") + ": " + stack }));
+    });
+    if ((t.blocks || []).length) box.appendChild(list);
   }
 
   function updateTriggers(events) {
@@ -565,6 +621,7 @@
 
     drawPlot(document.getElementById("plot"), s.overhead, s.marks || []);
     updateTriggers(s.triggers || []);
+    updateAsyncio(s.asyncio);
     var cpu = (s.proflets && s.proflets.cpu && s.proflets.cpu.functions) || [];
     var top = clear(document.getElementById("top-functions"));
     top.appendChild(sortableTable("top", cpu, { limit: 8, columns: ["name", "self_pct", "total_pct", "base_s", "calls_per_s"],
