@@ -144,6 +144,10 @@ def main() -> int:
         r = per_pass(k)
         out["per_pass"][k] = r
         print(f"{k:>6} parked tasks: pass {r['pass_us']:6.0f} us   census {r['census_us']:7.0f} us", flush=True)
+    if args.rounds <= 0:  # the per-pass part only
+        if args.json:
+            Path(args.json).write_text(json.dumps(out, indent=1))
+        return 0
     port = _free_port()
     endpoint = f"tcp://127.0.0.1:{port}"
     monitor = subprocess.Popen(
