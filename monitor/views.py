@@ -101,13 +101,16 @@ def top_view(
     """The live view of a session over the last ``window_s`` (None: whole run), or over ``profile``'s window."""
     if profile is None:
         profile = Profile.from_session(session, window_s, proflets=False)
-    rows = profile.functions("cpu", charge_libraries=charge_libraries, floor_pct=DEFAULT_FLOOR_PCT)
-    wall = {(r["file"], r["name"], r["line"]): r for r in profile.functions("wall", charge_libraries=charge_libraries)}
+    tasks = profile.process.get("view") == "tasks"
+    # The task view is mostly waiting: its functions are ranked by all task time, with the running part beside.
+    first, second = ("wall", "cpu") if tasks else ("cpu", "wall")
+    rows = profile.functions(first, charge_libraries=charge_libraries, floor_pct=DEFAULT_FLOOR_PCT)
+    other = {(r["file"], r["name"], r["line"]): r for r in profile.functions(second, charge_libraries=charge_libraries)}
     rates = session.calls_per_s()
     for r in rows:
         key = (r["file"], r["name"], r["line"])
-        w = wall.get(key)
-        r["wall_self_pct"] = w["self_pct"] if w else 0.0
+        w = other.get(key)
+        r["running_self_pct" if tasks else "wall_self_pct"] = w["self_pct"] if w else 0.0
         if key in rates:
             r["calls_per_s"] = rates[key]
     return {
@@ -194,12 +197,12 @@ def render_top(view: dict[str, Any], title: str | None = None) -> Group:
         if info.get("paused"):
             state += " [yellow]paused[/] (dyper resume PID)"
     service = view.get("service")
-    who = f"service [bold]{service['name']}[/]," if service and service["processes"] > 1 else "pid"
+    who = f" service [bold]{service['name']}[/]," if service and service["processes"] > 1 else ""
     if service and service["processes"] > 1:
         live = "" if info.get("ended") else f"{service['connected']}/"
         state += f" {live}{service['processes']} processes"
     header = Text.from_markup(
-        f"[bold]dyper[/] {who} pid {info['pid']} {state}  [dim]{argv[:80]}[/]\n"
+        f"[bold]dyper[/]{who} pid {info['pid']} {state}  [dim]{argv[:80]}[/]\n"
         f"samples {info['samples']:,}  ({view['samples_per_s']:.0f}/s)   "
         f"overhead [bold]{100 * info['overhead']:.2f}%[/] of budget {100 * info['budget']:.2f}%   "
         f"cpu samples {view['cpu_samples']:,} / wall {view['wall_samples']:,}"
@@ -225,6 +228,9 @@ def render_top(view: dict[str, Any], title: str | None = None) -> Group:
     has_wall = any("wall_self_pct" in row for row in view["functions"])
     if has_wall:
         table.add_column("wall self %", justify="right", style="dim")
+    has_running = any("running_self_pct" in row for row in view["functions"])
+    if has_running:
+        table.add_column("running self %", justify="right", style="dim")
     has_calls = any("calls_per_s" in row for row in view["functions"])
     if has_calls:
         table.add_column("calls/s", justify="right")
@@ -236,14 +242,13 @@ def render_top(view: dict[str, Any], title: str | None = None) -> Group:
             f"{row['self_pct']:5.1f}",
             f"{row['total_pct']:5.1f}",
             *([f"{row.get('wall_self_pct', 0.0):5.1f}"] if has_wall else []),
+            *([f"{row.get('running_self_pct', 0.0):5.1f}"] if has_running else []),
             *([f"{rate:,.0f}" if rate is not None else ""] if has_calls else []),
             row["name"],
             f"{_short(row['file'])}:{row['line']}",
         )
     if view.get("view") == "tasks":
-        table.title = (
-            title + "   " if title else ""
-        ) + "task view: self/total % of task time running, wall: waiting too"
+        table.title = (title + "   " if title else "") + "task view: % of all tasks' time, waiting included"
     parts: list[Any] = [header, table]
     aio = view.get("asyncio")
     if aio:
@@ -293,6 +298,10 @@ def render_asyncio(aio: dict[str, Any]) -> Text:
         )
     for h in aio.get("handlers") or ():
         top = h["awaiting"][0] if h["awaiting"] else None
-        waits = f", {top['pct']:.0f}% awaiting {top['function']}" if top else ""
+        waits = ""
+        if top:
+            what = top["function"] if top["file"] == "<asyncio>" else f"awaiting {top['function']}"
+            via = f" in {top['via']}" if top["via"] and top["via"] != top["function"] else ""
+            waits = f", {top['pct']:.0f}% {what}{via}"
         text.append(f"  {h['handler']}: {h['share_pct']:.0f}% of task time, {h['running_pct']:.0f}% running{waits}\n")
     return text

@@ -71,6 +71,11 @@ def test_task_view_charges_the_await_and_reports_the_blocked_loop(standing_monit
         process = report["process"]
         assert 0 < process["overhead"] <= 100 * BUDGET, process["overhead"]
 
+        # dyper top's view: the loop's line, and the task view ranked by all task time.
+        top: Any = standing_monitor.call("top", pid=target.pid, view="tasks")
+        assert top["view"] == "tasks" and top["asyncio"]["loops"][0]["blocks"] >= 4, top["asyncio"]
+        assert {"fetch_order", "handle_order"} <= {r["name"] for r in top["by_total"]}, top["by_total"]
+
         # The task view as a profile: exported, and what the search reads.
         collapsed = tmp_path / "tasks.collapsed"
         dyper("export", pid, "--view", "tasks", "--metric", "wall", "-o", str(collapsed), "--monitor", ep, check=True)
