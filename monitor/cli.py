@@ -41,13 +41,21 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} -h)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line, or (``only``) one command's: the others are named but not loaded.
+
+    Loading every command's module costs a third of a second (the search's
+    numpy, the monitor's server, the injector): ``dyper budget`` needs none of it.
+    """
     parser = _Parser(
         prog="dyper",
         description="Low-overhead profiling of running Python services, inside an overhead budget.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
+        if only is not None and name != only:
+            sub.add_parser(name)
+            continue
         module = importlib.import_module(f"monitor.commands.{name}")
         doc = (module.__doc__ or "").strip()
         p = sub.add_parser(
@@ -59,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(words[0] if words and words[0] in COMMANDS else None)
     args = parser.parse_args(argv)
     if getattr(args, "_module", None) is None:
         parser.print_help()

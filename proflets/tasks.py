@@ -494,6 +494,8 @@ MAX_TOTAL_STACKS = 50_000
 BLOCKS_KEPT = 1000
 #: Lags kept for the whole run's percentiles (the newest).
 LAGS_KEPT = 20_000
+#: Rows of a results' timeline, at most.
+TIMELINE_POINTS = 120
 
 StackKey = tuple[int, tuple[int, ...]]  # (task group id, frame ids root first)
 
@@ -747,8 +749,43 @@ class TasksAnalyzer(Analyzer):
             "block_threshold_ms": 1000.0 * BLOCK_S,
             "dropped_s": self.dropped_s,
         }
+        out["timeline"] = self.timeline(start, end)
         out["findings"] = _findings(out)
         return out
+
+    def timeline(self, start: float | None, end: float | None, points: int = TIMELINE_POINTS) -> list[list[float]]:
+        """The window over time, per report: [end time, tasks, seconds blocked, worst lag in seconds].
+
+        Tasks: every loop's, the mean of its censuses in the report.
+
+        Consecutive reports are merged to at most ``points`` rows (tasks: their
+        mean; blocked: the sum; lag: the worst).
+        """
+        rows = []
+        for t, (_, loops, blocks, _) in (
+            r for r in self.rows if (start is None or r[0] > start) and (end is None or r[0] <= end)
+        ):
+            tasks = 0.0
+            for loop in loops.values():
+                counts = [int(n) for n in loop.get("tasks") or ()]
+                tasks += sum(counts) / len(counts) if counts else 0.0
+            lags = [float(x) for loop in loops.values() for x in loop.get("lag_s") or ()]
+            rows.append(
+                [
+                    t,
+                    tasks,
+                    sum(b["duration_s"] for b in blocks),
+                    max(lags, default=0.0),
+                ]
+            )
+        step = max(1, math.ceil(len(rows) / points))
+        merged = []
+        for i in range(0, len(rows), step):
+            part = rows[i : i + step]
+            merged.append(
+                [part[-1][0], sum(r[1] for r in part) / len(part), sum(r[2] for r in part), max(r[3] for r in part)]
+            )
+        return merged
 
     def profile(self, start: float | None = None, end: float | None = None) -> Any:
         """The task view of the window as a :class:`monitor.profile.Profile` (milliseconds as counts)."""

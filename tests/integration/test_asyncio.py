@@ -28,7 +28,7 @@ def test_task_view_charges_the_await_and_reports_the_blocked_loop(standing_monit
     try:
         dyper("attach", pid, "--budget", "5%", "--monitor", ep, check=True)
         load = subprocess.Popen(
-            [sys.executable, SERVICE, "load", "--port", str(port), "--seconds", "10", "--concurrency", "8"],
+            [sys.executable, SERVICE, "load", "--port", str(port), "--seconds", "7", "--concurrency", "8"],
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -37,9 +37,9 @@ def test_task_view_charges_the_await_and_reports_the_blocked_loop(standing_monit
             report: Any = standing_monitor.call("report", pid=target.pid)
             section = report["proflets"].get("tasks") or {}
             blocks = section.get("blocks") or []
-            return report if len(blocks) >= 4 and section.get("handlers") else None
+            return report if len(blocks) >= 3 and section.get("handlers") else None
 
-        wait_for(tasks, timeout=40, interval=1.0, what="four blocks and the handlers in the task view")
+        wait_for(tasks, timeout=40, interval=1.0, what="three blocks and the handlers in the task view")
         out, _ = load.communicate(timeout=30)
         served = json.loads(out)
         assert served["requests"] > 200 and served["errors"] == 0, served
@@ -62,7 +62,7 @@ def test_task_view_charges_the_await_and_reports_the_blocked_loop(standing_monit
             assert b["task"] == "cache-rebuilder", b
             assert 150 <= b["duration_ms"] <= 450, b  # 250 ms planted; passes every 10-30 ms at 5%
         (loop,) = section["loops"]
-        assert loop["thread"] == "MainThread" and loop["blocks"] >= 4 and loop["blocked_s"] > 0.6, loop
+        assert loop["thread"] == "MainThread" and loop["blocks"] >= 3 and loop["blocked_s"] > 0.45, loop
         assert loop["tasks_max"] >= 2 and loop["lag_probes"] >= 1, loop
         assert any("was blocked" in f and "compress_blocking" in f for f in report["findings"]), report["findings"]
         assert any(f.startswith("handle_order spent") for f in report["findings"]), report["findings"]
@@ -73,7 +73,7 @@ def test_task_view_charges_the_await_and_reports_the_blocked_loop(standing_monit
 
         # dyper top's view: the loop's line, and the task view ranked by all task time.
         top: Any = standing_monitor.call("top", pid=target.pid, view="tasks")
-        assert top["view"] == "tasks" and top["asyncio"]["loops"][0]["blocks"] >= 4, top["asyncio"]
+        assert top["view"] == "tasks" and top["asyncio"]["loops"][0]["blocks"] >= 3, top["asyncio"]
         assert {"fetch_order", "handle_order"} <= {r["name"] for r in top["by_total"]}, top["by_total"]
 
         # The task view as a profile: exported, and what the search reads.

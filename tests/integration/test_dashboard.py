@@ -229,6 +229,9 @@ def test_the_asyncio_card_shows_the_demos_loop_its_handlers_and_a_block(dashboar
     handlers = page.js("return document.getElementById('asyncio-handlers').textContent")
     assert "send_notification" in handlers, handlers
     assert "write_metrics_file" in page.js("return document.getElementById('asyncio-blocks').textContent")
+    # Tasks over the window: a line with a point per report (or group of reports).
+    points = page.js("return document.querySelector('#asyncio-timeline polyline').getAttribute('points')")
+    assert len(points.split()) >= 2, points
 
 
 def test_cpu_table_and_flame_graph_render(dashboard):

@@ -190,6 +190,8 @@ def test_handlers_split_their_wall_time_by_what_they_await_and_the_task_view_is_
     assert r["blocks"][0]["stack"] == [{"function": "compress", "file": "/srv/app.py", "line": 41}]
     assert any("blocked 1 time(s)" in f and "compress" in f for f in r["findings"]), r["findings"]
     assert any(f.startswith("handle spent 90% of its wall time awaiting fetch in sleep") for f in r["findings"])
+    # Over time, report by report: tasks (mean of the censuses), seconds blocked, the worst lag.
+    assert r["timeline"] == [[101.0, 11.0, 0.3, 0.002], [102.0, 8.0, 0.0, 0.2]]
     # A window holds only its reports.
     assert a.results(101.5, None)["handlers"][0]["wall_s"] == pytest.approx(1.0)
     assert a.results(101.5, None)["loops"][0]["blocks"] == 0

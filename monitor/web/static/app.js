@@ -456,6 +456,38 @@
         h("div", { id: "asyncio" }))));
   }
 
+  // Tasks over the window (a line) and the seconds each report's loops were blocked (red bars).
+  function asyncioTimeline(tl) {
+    var W = 900, H = 70, ns = "http://www.w3.org/2000/svg";
+    var svg = document.createElementNS(ns, "svg");
+    svg.setAttribute("viewBox", "0 0 " + W + " " + H);
+    svg.setAttribute("id", "asyncio-timeline");
+    svg.setAttribute("style", "width:100%;height:70px");
+    var t0 = tl[0][0], t1 = tl[tl.length - 1][0], span = Math.max(1e-9, t1 - t0);
+    var maxTasks = Math.max.apply(null, tl.map(function (r) { return r[1]; })) || 1;
+    var maxBlocked = Math.max.apply(null, tl.map(function (r) { return r[2]; })) || 1;
+    tl.forEach(function (r) {
+      if (!(r[2] > 0)) return;
+      var bar = document.createElementNS(ns, "rect"), hgt = (H - 10) * r[2] / maxBlocked;
+      bar.setAttribute("x", ((r[0] - t0) / span * (W - 4)).toFixed(1));
+      bar.setAttribute("y", (H - hgt).toFixed(1));
+      bar.setAttribute("width", "4");
+      bar.setAttribute("height", hgt.toFixed(1));
+      bar.setAttribute("fill", "var(--bad)");
+      svg.appendChild(bar);
+    });
+    var line = document.createElementNS(ns, "polyline");
+    line.setAttribute("points", tl.map(function (r) {
+      return ((r[0] - t0) / span * (W - 4)).toFixed(1) + "," + (H - 4 - (H - 14) * r[1] / maxTasks).toFixed(1);
+    }).join(" "));
+    line.setAttribute("fill", "none");
+    line.setAttribute("stroke", "var(--accent, #2b6cd4)");
+    line.setAttribute("stroke-width", "1.5");
+    svg.appendChild(line);
+    return h("div", null, h("div", { class: "dim", text: "tasks over the window (line, up to " + fmtNum(maxTasks, 0) +
+      ") and seconds the loops were blocked per report (red, up to " + fmtNum(maxBlocked, 2) + " s)" }), svg);
+  }
+
   function updateAsyncio(t) {
     var box = document.getElementById("asyncio");
     if (!box) return;
@@ -500,6 +532,8 @@
     });
     handlers.appendChild(body);
     box.appendChild(h("div", { class: "tablewrap" }, handlers));
+    var tl = t.timeline || [];
+    if (tl.length > 1) box.appendChild(asyncioTimeline(tl));
     var list = h("ul", { class: "findings", id: "asyncio-blocks" });
     (t.blocks || []).slice(0, 5).forEach(function (b) {
       var stack = (b.stack || []).slice(-4).map(function (w) { return w["function"] + " (" + w.file.split("/").pop() + ":" + w.line + ")"; }).join(" > ");
