@@ -97,6 +97,8 @@ _EARLY_REPLANS: Final = frozenset({1, 2, 4, 8, 16, 32})
 TICKER_DRAIN_AT: Final = 512
 #: The least time between two passes of a collector's own sampling (Collector.poll).
 MIN_POLL_S: Final = 0.001
+#: A first pass short of money tries again this much later at the soonest.
+FIRST_POLL_WAIT_S: Final = 0.1
 #: Until this many samples are in, the loop drains after TICKER_EARLY_DRAIN_S,
 #: then twice that, and so on, at most TICKER_EARLY_DRAINS times, and replans,
 #: so the first plan's high cost guess is soon replaced.
@@ -1582,12 +1584,15 @@ class Agent:
             due = self._next_poll.get(name, math.inf)
             if now < due:
                 continue
-            # Short of money, the pass is skipped and the next comes in its turn.
-            # Waking again when the money should be there failed: every wake-up
-            # (about 0.1 ms here, a tenth of a second's budget at 1%) spent what
-            # had accrued, and neither passes nor samples ran again.
-            if self.guard.wait_needed(now, self._poll_cost_s.get(name, 0.0) + self.wake_cost_s) > 0:
-                self._next_poll[name] = now + self._poll_delay.get(name, MIN_POLL_S)
+            # Short of money, the pass is skipped and the next comes in its turn,
+            # or when the money is there if that is later (FIRST_POLL_WAIT_S before
+            # a first pass has set a turn). Waking again as soon as the money
+            # should be there failed: every wake-up (about 0.1 ms here, a tenth of
+            # a second's budget at 1%) spent what had accrued, and neither passes
+            # nor samples ran again.
+            wait = self.guard.wait_needed(now, self._poll_cost_s.get(name, 0.0) + self.wake_cost_s)
+            if wait > 0:
+                self._next_poll[name] = now + max(wait, self._poll_delay.get(name, FIRST_POLL_WAIT_S))
                 continue
             t0 = _cost_clock()
             try:

@@ -149,7 +149,8 @@ class TasksCollector(Collector):
         self._stacks: dict[tuple[str, tuple[FrameKey, ...]], list[float]] = {}
         self._dropped_s = 0.0
         self._blocks: list[dict[str, Any]] = []
-        self._passes = 0
+        self._passes = 0  # this window's
+        self._passes_total = 0
         self._handle_run: CodeType | None = None
         self._task_type: type | None = None
         self._rng = random.Random()
@@ -185,7 +186,9 @@ class TasksCollector(Collector):
         t0 = time.perf_counter()
         self._pass(now, dt, refs, tasks_mod)
         took = time.perf_counter() - t0
-        self._pass_s = took if self._passes <= 1 else self._pass_s + 0.1 * (took - self._pass_s)
+        self._passes_total += 1
+        # A plain mean over the first passes, then a moving average.
+        self._pass_s += (took - self._pass_s) / min(self._passes_total, 10)
         rate = PASS_SHARE * budget
         cost = self._pass_s + wake_s
         self._interval = min(MAX_PASS_S, max(MIN_PASS_S, cost / rate if rate > 0 else MAX_PASS_S))
