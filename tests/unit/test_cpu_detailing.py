@@ -309,10 +309,12 @@ def test_a_yappi_burst_is_charged_its_slow_path_under_code_that_calls_nothing() 
     spinner = threading.Thread(target=_spin, args=(stop,))
     spinner.start()
     try:
+        cpu0 = time.process_time()
         collector.start_detail(DetailContext([hot.__code__], 1.0))
         time.sleep(0.4)  # the agent's thread idles; the spinner runs bytecode all along
         assert collector.slowdown_s() > 0.0  # known while the burst runs, so an overrun can end it
         busy = collector.stop_detail()
+        ran = time.process_time() - cpu0  # the spinner's CPU, less what another process took from it
         collector.start_detail(DetailContext([hot.__code__], 1.0))
     finally:
         stop.set()
@@ -320,8 +322,10 @@ def test_a_yappi_burst_is_charged_its_slow_path_under_code_that_calls_nothing() 
     time.sleep(0.4)  # nothing runs
     idle = collector.stop_detail()
     collector.close()
-    # The spinner held the GIL for most of the burst: at least half of it is charged at the loss.
-    assert busy["slowdown_s"] >= 0.5 * collector._yappi.loss * busy["length_s"], busy
+    # The spinner ran bytecode whenever it had a CPU: that time is charged at the loss. (Not the
+    # burst's length: on a loaded CI machine the spinner got 40% of a core and the charge followed.)
+    assert ran > 0.2 * busy["length_s"], (ran, busy)
+    assert busy["slowdown_s"] >= 0.8 * collector._yappi.loss * min(ran, busy["length_s"]), (ran, busy)
     assert busy["counted_s"] == pytest.approx(busy["length_s"] - busy["slowdown_s"])
     assert idle["slowdown_s"] < 0.1 * idle["length_s"], idle  # an idle process loses next to nothing
     assert idle["counted_s"] > 0.9 * idle["length_s"]
