@@ -106,7 +106,6 @@ class _LoopState:
         "block_task",
         "busy_s",
         "first",
-        "gaps",
         "handle",
         "lags",
         "last",
@@ -131,7 +130,6 @@ class _LoopState:
         #: the callback running at the last pass (a weak reference), and since when
         self.handle: Callable[[], Any] | None = None
         self.first = self.last = 0.0
-        self.gaps = 0.0
         self.block_task = ""
         self.block_stacks: dict[tuple[FrameKey, ...], int] = {}
 
@@ -298,7 +296,6 @@ class TasksCollector(Collector):
         root_first = tuple(reversed(stack))
         seen = state.handle() if state.handle is not None else None
         if seen is handle:
-            state.gaps += now - state.last
             state.last = now
             if root_first in state.block_stacks or len(state.block_stacks) < MAX_BLOCK_STACKS:
                 state.block_stacks[root_first] = state.block_stacks.get(root_first, 0) + 1
@@ -312,7 +309,6 @@ class TasksCollector(Collector):
             state.handle = None
             return
         state.first = state.last = now
-        state.gaps = 0.0
         state.block_task = task.get_name() if task is not None else ""
         state.block_stacks = {root_first: 1}
 
@@ -377,15 +373,7 @@ class TasksCollector(Collector):
         return group
 
     def _add(self, group: str, stack: tuple[FrameKey, ...], wall: float, cpu: float) -> None:
-        key = (group, stack)
-        row = self._stacks.get(key)
-        if row is None:
-            if len(self._stacks) >= MAX_STACKS:
-                self._dropped_s += wall
-                return
-            row = self._stacks[key] = [0.0, 0.0]
-        row[0] += wall
-        row[1] += cpu
+        self._dropped_s += _accumulate(self._stacks, (group, stack), wall, cpu, MAX_STACKS)
 
     # --- the report -------------------------------------------------------------------------
 
@@ -457,6 +445,18 @@ class TasksCollector(Collector):
         self._loops.clear()
         self._stacks.clear()
         self._blocks.clear()
+
+
+def _accumulate(into: dict[Any, list[float]], key: Any, wall: float, cpu: float, limit: int) -> float:
+    """Add [wall, cpu] under ``key``; a new key past ``limit`` keys is not kept: returns the wall time dropped."""
+    row = into.get(key)
+    if row is None:
+        if len(into) >= limit:
+            return wall
+        row = into[key] = [0.0, 0.0]
+    row[0] += wall
+    row[1] += cpu
+    return 0.0
 
 
 def _line(code: CodeType, lasti: int) -> int:
@@ -622,14 +622,7 @@ class TasksAnalyzer(Analyzer):
             self.loops.setdefault(thread, _LoopTotals(str(loop.get("name") or thread))).add(loop, mine)
         self.blocks.extend(blocks)
         for key, (wall, cpu) in stacks.items():
-            kept = self.total.get(key)
-            if kept is None:
-                if len(self.total) >= MAX_TOTAL_STACKS:
-                    self.dropped_s += wall
-                    continue
-                kept = self.total[key] = [0.0, 0.0]
-            kept[0] += wall
-            kept[1] += cpu
+            self.dropped_s += _accumulate(self.total, key, wall, cpu, MAX_TOTAL_STACKS)
         self.passes += int(data.get("passes") or 0)
         self.dropped_s += float(data.get("dropped_s") or 0.0)
         self.pass_s = float(data.get("pass_s") or 0.0)

@@ -80,6 +80,17 @@ def endpoint_arg(text: str) -> str:
     return text
 
 
+def add_view_argument(parser: argparse.ArgumentParser) -> None:
+    """``--view threads|tasks``: the threads' stacks, or asyncio tasks' await chains as stacks."""
+    parser.add_argument(
+        "--view",
+        choices=("threads", "tasks"),
+        default="threads",
+        help="with a PID: tasks for the asyncio task view (each task's await chain is its stack, so time "
+        "spent awaiting shows; counts are ms of task time), threads for the threads' stacks (default)",
+    )
+
+
 def add_monitor_argument(parser: argparse.ArgumentParser, what: str = "") -> None:
     """``--monitor ENDPOINT``: the standing monitor a command asks (default the agent's default)."""
     from agent import DEFAULT_MONITOR

@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from rich.console import Console
 
-from monitor.commands import CliError, add_monitor_argument, window_arg
+from monitor.commands import CliError, add_monitor_argument, add_view_argument, window_arg
 from monitor.profile import Profile
 from monitor.search.calltree import CallTreeProfile
 from monitor.search.comparative import ComparativeProfile
@@ -66,13 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with a PID: the last N seconds (e.g. 90, 15m), or START:END, any slice its monitor kept "
         "(see dyper export -h)",
     )
-    parser.add_argument(
-        "--view",
-        choices=("threads", "tasks"),
-        default="threads",
-        help="with a PID: tasks for the asyncio task view (each task's await chain is its stack, so time "
-        "spent awaiting shows; counts are ms of task time), threads for the threads' stacks (default)",
-    )
+    add_view_argument(parser)
     add_monitor_argument(parser, ", for PIDs")
 
 

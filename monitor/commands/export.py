@@ -32,7 +32,7 @@ import argparse
 import os
 import sys
 
-from monitor.commands import CliError, add_monitor_argument
+from monitor.commands import CliError, add_monitor_argument, add_view_argument
 from monitor.exports import FORMATS, Exporter, exporter_for, exporter_named
 from monitor.profile import Profile
 from monitor.windows import WindowSpec, parse_seconds
@@ -87,13 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--libraries", action="store_true", help="charge library time to the calling app line")
     parser.add_argument("--tag", metavar="NAME", help="only the samples inside functions tagged NAME (agent.tag)")
-    parser.add_argument(
-        "--view",
-        choices=("threads", "tasks"),
-        default="threads",
-        help="with a PID: tasks for the asyncio task view (each task's await chain is its stack, so time "
-        "spent awaiting shows; counts are ms of task time), threads for the threads' stacks (default)",
-    )
+    add_view_argument(parser)
     parser.add_argument(
         "--service",
         action="store_true",

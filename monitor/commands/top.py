@@ -16,7 +16,7 @@ from rich.live import Live
 from rich.table import Table
 
 from monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
-from monitor.commands import CliError, add_monitor_argument, duration_arg, pid_arg
+from monitor.commands import CliError, add_monitor_argument, add_view_argument, duration_arg, pid_arg
 from monitor.views import render_top
 
 NAME = "top"
@@ -32,12 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_monitor_argument(parser)
     parser.add_argument("--window", type=duration_arg, help="the last N seconds only (default: whole run)")
     parser.add_argument("--libraries", action="store_true", help="charge library time to the calling app line")
-    parser.add_argument(
-        "--view",
-        choices=("threads", "tasks"),
-        default="threads",
-        help="tasks: asyncio tasks' await chains as stacks (time waiting included) instead of threads' stacks",
-    )
+    add_view_argument(parser)
     parser.add_argument("--once", action="store_true", help="print the view once and exit")
     parser.add_argument("--json", action="store_true", help="print the view once as JSON and exit")
 
