@@ -31,6 +31,7 @@ import atexit
 import contextlib
 import ipaddress
 import os
+import sys
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -466,6 +467,11 @@ def _after_fork_in_child() -> None:
     _lock = threading.Lock()
     _agent = None
     if parent is not None:
+        fast = sys.modules.get("agent._fastsample")
+        if fast is not None and hasattr(fast, "frame_hook_stop"):
+            # 3.11: a cpu burst the parent was in when it forked; its counts are the parent's.
+            with contextlib.suppress(Exception):
+                fast.frame_hook_stop()
         for fd in (parent._wake_r, parent._wake_w):
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -144,18 +144,18 @@ BURST_TICK_S: Final = 0.02
 BURST_TICK_MAX_S: Final = 0.25
 #: ... and while requests wait for money, this often to start what has become affordable.
 DETAIL_TICK_S: Final = 0.1
-#: Proflets whose collectors run by default: cpu detailing (3.12+). The
+#: Proflets whose collectors run by default: cpu detailing and tasks. The
 #: others are named (DYPER_PROFLETS=cpu,threads,timing, ``proflets=(...)``,
 #: or "all" for every registered one, :mod:`proflets`): with threads and
 #: timing on by default, short runs at low budgets sampled too little in CI,
-#: which is not yet understood. On 3.11 the cpu proflet can only detail
-#: through yappi, which hooks every call of every function and puts every
-#: thread on the eval loop's slow path: a burst halves a busy process's speed.
-#: That is now charged (proflets.base.YappiCharge), so bursts are short and
-#: few, and their rates are rough (0.7 to 1.3 of the truth on the planted
-#: paced thread): there it runs only when named. The tasks proflet (asyncio)
-#: runs everywhere: without asyncio it looks once every 2 s, for nothing else.
-DEFAULT_PROFLETS: Final = ("cpu", "tasks") if sys.version_info >= (3, 12) else ("tasks",)
+#: which is not yet understood. cpu detailing is selective on 3.12+
+#: (sys.monitoring) and on 3.11 with the C extension (a frame evaluation
+#: hook: a C call per Python call). On 3.11 without it, cpu can only detail
+#: through yappi, which puts every thread on the eval loop's slow path (a burst
+#: halves a busy process's speed): there it runs only when named. The tasks
+#: proflet (asyncio) runs everywhere: without asyncio it looks once every 2 s,
+#: for nothing else.
+DEFAULT_PROFLETS: Final = ("cpu", "tasks")
 #: Marks (agent.mark, pause, resume, reset, boost) kept for the next report; older ones are dropped and counted.
 MAX_PENDING_MARKS: Final = 256
 #: While paused, reports (which tell the monitor the agent is alive and paused) go at most this often.

@@ -18,9 +18,18 @@ windows beside it (their mean, which cancels a linear drift of the machine's
 speed) over the rate in the window, minus one. Each window's first ``--settle``
 seconds are left out: the agent takes the new budget at its next wake-up, and a
 detailing burst started in one window may end in the next. The table gives the
-median over cycles. The noise is the same figure for base windows against
-their base neighbours two windows away (median of its absolute value), so it is
-what two measurements of nothing differ by here.
+median over cycles, with a distribution-free 90% confidence interval for it
+from the order statistics of the windows (the binomial interval: with n windows,
+the k-th smallest and largest, k the largest for which both tails hold at most
+5%). A cell is over its target beyond the noise only when the whole interval is
+above the target. Neighbouring windows of one budget share no base window, but
+windows of different budgets do, so the intervals are a little narrower than
+independent windows would give. The noise is the same figure for base windows
+against their base neighbours two windows away (median of its absolute value), so
+it is what two measurements of nothing differ by here.
+
+``--reanalyse FILE`` prints the tables again from a ``--json`` file, without
+running anything.
 
 The service is httpbin under gunicorn with one sync worker (gunicorn and
 httpbin from bench/requirements.txt), under a closed loop of GET requests on
@@ -51,6 +60,7 @@ import argparse
 import bisect
 import contextlib
 import json
+import math
 import os
 import random
 import signal
@@ -294,6 +304,47 @@ def run_service(args: argparse.Namespace, endpoint: str, tmp: Path) -> dict[str,
     return analyse(windows, budgets, base, args.settle)
 
 
+def median_interval(xs: list[float], level: float = 0.9) -> tuple[float, float, float]:
+    """A distribution-free confidence interval for the median of ``xs``: (low, high, coverage).
+
+    The k-th smallest and the k-th largest value, k the largest for which
+    P(Binomial(n, 1/2) < k) <= (1 - level) / 2; the coverage is then at least
+    ``level``. With fewer than 5 values no such k exists at 90%, and the interval
+    is the whole range (coverage 1 - 2 / 2**n).
+    """
+    ys = sorted(xs)
+    n = len(ys)
+    if n == 0:
+        raise ValueError("no values")
+
+    def below(k: int) -> float:  # P(Binomial(n, 1/2) < k)
+        return sum(math.comb(n, i) for i in range(k)) / 2**n
+
+    k = 1
+    while k + 1 <= n // 2 and below(k + 1) <= (1 - level) / 2:
+        k += 1
+    return ys[k - 1], ys[n - k], 1 - 2 * below(k)
+
+
+def loss_per_ledger(cells: list[dict[str, Any]], resamples: int = 2000) -> tuple[float, float, float]:
+    """How much the application lost per unit the agent charged: (slope, low, high).
+
+    The slope through the origin of each window's measured overhead against its
+    ledger over the same part of the window (least squares), pooled over every
+    budget, with a 90% bootstrap interval over windows. Pooling uses every window
+    at once, so it resolves what one budget's median cannot: a slope of 1 is a
+    ledger that sees every cost, above 1 a cost it misses.
+    """
+    pairs = [(x, y) for c in cells for x, y in zip(c["reported_measureds"], c["overheads"], strict=True)]
+
+    def slope(ps: list[tuple[float, float]]) -> float:
+        return sum(x * y for x, y in ps) / max(sum(x * x for x, _ in ps), 1e-12)
+
+    rng = random.Random(0)
+    boot = sorted(slope([rng.choice(pairs) for _ in pairs]) for _ in range(resamples))
+    return slope(pairs), boot[int(0.05 * resamples)], boot[int(0.95 * resamples) - 1]
+
+
 def analyse(windows: list[dict[str, Any]], budgets: list[float], base: float, settle: float) -> dict[str, Any]:
     per: dict[float, dict[str, list[float]]] = {
         b: {"overhead": [], "spent": [], "seconds": [], "samples": [], "spent_measured": []} for b in budgets
@@ -319,13 +370,17 @@ def analyse(windows: list[dict[str, Any]], budgets: list[float], base: float, se
         cell["samples"].append((w["samples"] + windows[i + 1]["samples"]) / (w["t1"] - w["t0"]))
     result: dict[str, Any] = {"budgets": {}, "noise": statistics.median(abs(x) for x in noise) if noise else None}
     for b, cell in per.items():
+        low, high, coverage = median_interval(cell["overhead"])
         result["budgets"][f"{100 * b:g}%"] = {
             "overhead": statistics.median(cell["overhead"]),
             "overheads": cell["overhead"],
+            "interval": [low, high],
+            "coverage": coverage,
             # as a slowdown, like the budget and the measured figure (agent.budget.slowdown)
             "reported": slowdown(sum(cell["spent"]), sum(cell["seconds"])),
             # over the same part of each window as the overhead (median)
             "reported_measured": statistics.median(cell["spent_measured"]),
+            "reported_measureds": cell["spent_measured"],
             "reported_by": slowdown_by(dict(sorted(spent_by[b].items())), sum(cell["seconds"])),
             "samples_per_s": statistics.median(cell["samples"]),
         }
@@ -335,17 +390,38 @@ def analyse(windows: list[dict[str, Any]], budgets: list[float], base: float, se
 
 def print_table(results: dict[str, dict[str, Any]], budgets: list[str]) -> None:
     names = list(results)
-    print("\nactual overhead %, median over cycles (the agent's reported spend in brackets)\n")
+    print("\nactual overhead %, median over cycles [90% confidence interval] (the agent's reported spend)\n")
     print("| target | " + " | ".join(names) + " |")
     print("|---|" + "---|" * len(names))
+    over: list[str] = []
     for b in budgets:
         key = f"{100 * pct(b):g}%"
         cells = []
         for n in names:
             c = results[n]["budgets"][key]
-            cells.append(f"{100 * c['overhead']:.2f} ({100 * c['reported']:.2f})")
+            low, high = c["interval"]
+            mark = ""
+            if low > pct(b):  # the whole interval above the target: over beyond the noise
+                mark = " **over**"
+                over.append(f"{n} at {b}")
+            figure = f"{100 * c['overhead']:.1f} [{100 * low:.1f}, {100 * high:.1f}]"
+            cells.append(f"{figure} ({100 * c['reported']:.2f}){mark}")
         print(f"| {b} | " + " | ".join(cells) + " |")
     print("| noise ± | " + " | ".join(f"{100 * results[n]['noise']:.2f}" for n in names) + " |")
+    coverage = min(c["coverage"] for r in results.values() for c in r["budgets"].values())
+    print(f"\nintervals cover the median with probability at least {coverage:.2f}")
+    print("over the target beyond the noise: " + (", ".join(over) if over else "none"))
+    for n in names:
+        a, lo, hi = loss_per_ledger(list(results[n]["budgets"].values()))
+        print(f"{n}: lost per unit charged {a:.2f} [{lo:.2f}, {hi:.2f}] (every window, 90% bootstrap interval)")
+    for n in names:
+        used = []
+        for b in budgets:
+            if pct(b) >= 0.05:
+                c = results[n]["budgets"][f"{100 * pct(b):g}%"]
+                used.append(f"{b} {c['overhead'] / pct(b):.2f} (ledger {c['reported_measured'] / pct(b):.2f})")
+        if used:
+            print(f"{n}: share of the target used, measured: " + ", ".join(used))
     print("\nthe reported spend over the measured part of each window (after --settle), median %\n")
     print("| target | " + " | ".join(names) + " |")
     print("|---|" + "---|" * len(names))
@@ -367,6 +443,20 @@ def print_table(results: dict[str, dict[str, Any]], budgets: list[str]) -> None:
         print(f"| {b} | " + " | ".join(f"{results[n]['budgets'][key]['samples_per_s']:.0f}" for n in names) + " |")
 
 
+def reanalyse(path: Path) -> int:
+    """The tables of an earlier run, from its --json file, with this version's analysis."""
+    saved = json.loads(path.read_text())
+    old = saved["args"]
+    budgets = [b.strip() for b in old["budgets"].split(",")]
+    results = {
+        name: analyse(r["windows"], [pct(b) for b in budgets], pct(old["base"]), old["settle"])
+        for name, r in saved["results"].items()
+    }
+    print_table(results, budgets)
+    print(f"\nmachine: {json.dumps(saved['machine'])}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
@@ -383,7 +473,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--reanalyse", metavar="FILE", help="print the tables again from a --json file and stop")
     args = ap.parse_args(argv)
+    if args.reanalyse:
+        return reanalyse(Path(args.reanalyse))
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
     unknown = [w for w in workloads if w not in WORKLOADS]
     if unknown:

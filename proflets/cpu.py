@@ -12,8 +12,12 @@ Detailing is :class:`CpuCollector`: exact call and line counts of the
 candidate functions (the hottest by self samples) for a short burst, which
 the monitor extrapolates to rates. It is selective: only the candidates'
 code objects are instrumented, through ``sys.monitoring`` local events on
-3.12+; on 3.11, which has no selective hook, yappi counts every call for the
-burst and its (much larger) slowdown is measured and charged.
+3.12+. 3.11 has no ``sys.monitoring``; there a PEP 523 frame evaluation hook
+in C (``agent._fastsample.frame_hook_start``) sees every Python frame start
+and counts the candidates' calls, at a C call per Python call, and the bytecode
+between calls runs as fast as ever. Without the C extension, 3.11 falls back
+on yappi, whose profile function slows every instruction of every thread; its
+(much larger) slowdown is measured and charged, and cpu detailing is then opt-in.
 """
 
 from __future__ import annotations
@@ -212,6 +216,29 @@ def _calibration_target(n: int) -> int:
     return total
 
 
+def _frame_calibration_leaf(i: int) -> int:
+    return i & 7
+
+
+def _frame_calibration_target(n: int) -> int:
+    # What the 3.11 frame hook costs is per Python frame: a small call each time round.
+    total = 0
+    for i in range(n):
+        total += _frame_calibration_leaf(i)
+    return total
+
+
+def frame_hook() -> Any | None:
+    """agent._fastsample where it has 3.11's frame hook (built for 3.11), else None."""
+    if sys.version_info >= (3, 12):
+        return None
+    try:
+        fast = importlib.import_module("agent._fastsample")
+    except ImportError:
+        return None
+    return fast if hasattr(fast, "frame_hook_start") else None
+
+
 def _native_calibration_target(n: int) -> int:
     # The same with a C call each time round: what native bursts add is per call.
     total = 0
@@ -331,6 +358,11 @@ def call_counter(codes: list[CodeType], native: bool = False) -> Any:
     return fast.CallCounter(codes, native=native)
 
 
+_OTHER_EVALUATOR = (
+    "another frame evaluator (PEP 523: a debugger or a JIT) is installed in the target; "
+    "cpu detailing on 3.11 needs the hook to itself"
+)
+
 #: sys.monitoring events of native bursts and the counter method each calls
 #: (C_RETURN and C_RAISE come with CALL: they cannot be set on their own)
 _NATIVE_CALLBACKS = (
@@ -350,7 +382,8 @@ class CpuCollector(Collector):
     calibrated once (the same callbacks on a small loop, with and without
     the hooks, best of three), and a burst's slowdown is its event count
     times that cost. On 3.12+ the events are the candidates' calls and lines
-    only; on 3.11 yappi sees every call of every function in every thread.
+    only; on 3.11 they are every Python frame evaluated in any thread (the
+    frame hook), or with yappi every call, plus the slow path under all bytecode.
     """
 
     name = "cpu"
@@ -367,7 +400,8 @@ class CpuCollector(Collector):
     #: candidates instrumented per burst
     MAX_CANDIDATES = 8
 
-    def __init__(self) -> None:
+    def __init__(self, use_frame_hook: bool = True) -> None:
+        """``use_frame_hook=False``: on 3.11, count with yappi even where the C frame hook is built."""
         self._monitoring = sys.version_info >= (3, 12)
         self._tool: int | None = None
         self._codes: list[CodeType] = []
@@ -376,7 +410,12 @@ class CpuCollector(Collector):
         self._event_cost_s: float | None = None
         #: the same for native bursts' clocked events (calls and returns, a clock read each)
         self._native_cost_s: float | None = None
-        #: 3.11: what a yappi burst costs (its calls, and the slow path under everything)
+        #: 3.11: the C frame hook (agent._fastsample), what one frame costs under
+        #: it, and whether the running burst uses it
+        self._hook = frame_hook() if use_frame_hook else None
+        self._frame_cost_s: float | None = None
+        self._hooked = False
+        #: 3.11 without the hook: what a yappi burst costs (its calls, and the slow path under everything)
         self._yappi = YappiCharge(builtins=False)
         #: 3.11: each thread's CPU seconds at the last few reports and burst ends
         #: outside bursts (the CPU shares before a burst), and when this one
@@ -402,10 +441,12 @@ class CpuCollector(Collector):
         self._pending_line: tuple[_CallBurst, tuple[dict[CodeType, int], float, float]] | None = None
 
     def unavailable(self) -> str | None:
+        if self._hook is not None:
+            return None
         if not self._monitoring and not self.explicit:
             return (
-                "cpu detailing on Python 3.11 goes through yappi, which slows every call: "
-                "name it to turn it on (DYPER_PROFLETS=cpu,threads,timing)"
+                "cpu detailing on Python 3.11 without dyper's C extension goes through yappi, which slows "
+                "every call: name it to turn it on (DYPER_PROFLETS=cpu,threads,timing)"
             )
         if self._monitoring:
             mon = sys.monitoring  # type: ignore[attr-defined,unused-ignore]
@@ -422,6 +463,9 @@ class CpuCollector(Collector):
 
     def prepare(self) -> None:
         """Calibrate the cost of an event on the thread that starts the agent (see Collector.prepare)."""
+        if self._hook is not None:
+            self._frame_cost_s = self._calibrate_frames()
+            return
         if not self._monitoring:
             self._calibrate_yappi()
             self._marks.append(_thread_marks())
@@ -503,7 +547,40 @@ class CpuCollector(Collector):
         plain_cost = (self._event_cost_s or 0.0) / EVENT_COST_MARGIN
         return EVENT_COST_MARGIN * max(0.0, lost - plain_events * plain_cost) / max(1.0, clocked)
 
-    # --- 3.11: yappi for the burst -----------------------------------------------------
+    # --- 3.11: the frame hook -----------------------------------------------------------
+
+    def _calibrate_frames(self) -> float:
+        """Seconds one Python frame costs the application under the frame hook, measured on a loop of small calls.
+
+        Every frame evaluated in any thread pays this while the hook is in,
+        not only the candidates': that is the whole of the burst's slowdown.
+        """
+        fast = self._hook
+        assert fast is not None
+        counter = fast.CallCounter([])
+        if not fast.frame_hook_start(counter):
+            raise RuntimeError(_OTHER_EVALUATOR)
+        fast.frame_hook_stop()
+        n, runs = 2000, 7
+        plain, hooked = paired_best(
+            runs, lambda: _frame_calibration_target(n), lambda: fast.frame_hook_start(counter), fast.frame_hook_stop
+        )
+        return EVENT_COST_MARGIN * max(0.0, hooked - plain) / (n + 1)
+
+    def _start_frames(self) -> None:
+        fast = self._hook
+        assert fast is not None
+        if self._frame_cost_s is None:
+            self._frame_cost_s = self._calibrate_frames()
+        counter = fast.CallCounter(self._codes)
+        if not fast.frame_hook_start(counter):
+            raise RuntimeError(_OTHER_EVALUATOR)
+        self._counter, self._hooked = counter, True
+
+    def _frames_charge(self, frames: int) -> float:
+        return frames * (self._frame_cost_s or 0.0)
+
+    # --- 3.11 without the C extension: yappi for the burst ---------------------------------
 
     def _calibrate_yappi(self) -> None:
         def leaf() -> None:
@@ -521,7 +598,7 @@ class CpuCollector(Collector):
         # Only where yappi counts: the agent calls a report hook only if the class has one.
 
         def report(self, ctx: ReportContext) -> dict[str, Any] | None:
-            if self._burst_marks is None:
+            if self._hook is None and self._burst_marks is None:
                 # The threads' CPU shares outside bursts, for the next burst's
                 # rates (a thread started since the last burst is in them too).
                 self._marks.append(_thread_marks())
@@ -533,7 +610,7 @@ class CpuCollector(Collector):
         return ("calls", "lines") if self._monitoring else ("calls",)
 
     def kind_costs(self, kind: str) -> ProfletCosts:
-        if self._monitoring and kind == "calls":
+        if (self._monitoring or self._hook is not None) and kind == "calls":
             # PY_START on a handful of code objects: at most a fifth slower on
             # call-heavy code (bench/detailing.py), next to nothing elsewhere.
             # The call rates come from these bursts, and a thread's calls come
@@ -567,6 +644,8 @@ class CpuCollector(Collector):
                 events |= mon.events.LINE | self._native_events()
             for code in self._codes:
                 mon.set_local_events(self._tool, code, events)
+        elif self._hook is not None:
+            self._start_frames()
         else:
             import yappi
 
@@ -616,6 +695,9 @@ class CpuCollector(Collector):
         self._last_calls = here
 
     def slowdown_s(self) -> float:
+        if self._hooked:
+            assert self._hook is not None
+            return self._frames_charge(self._hook.frame_hook_frames())
         if not self._monitoring:
             # yappi's stats cost a walk over every function seen: too dear to
             # read during the burst, so its calls are charged at the end; the
@@ -634,6 +716,14 @@ class CpuCollector(Collector):
             slowdown = self._charged(counter)
             counted = _counted_s(length, slowdown)
             self._measure_loss(calls, length, self._calibrated(counter))
+        elif self._hooked:
+            assert self._hook is not None
+            frames = self._hook.frame_hook_stop()
+            self._hooked = False
+            counts, lines = self._counter.counts() if self._counter is not None else ({}, {})
+            calls = {c: counts.get(c, 0) for c in self._codes}
+            slowdown = self._frames_charge(frames)
+            counted = _counted_s(length, slowdown)
         else:
             calls, events, per_thread, thread_calls = self._stop_yappi()
             lines = {}
@@ -732,6 +822,10 @@ class CpuCollector(Collector):
     def close(self) -> None:
         if self._monitoring:
             self._release_tool()
+        elif self._hook is not None:
+            self._hook.frame_hook_stop()
+            self._hooked = False
+            self._counter = None
         elif "yappi" in sys.modules:
             yappi = sys.modules["yappi"]
             if yappi.is_running():

@@ -38,6 +38,8 @@ state = {
     "tracemalloc": tracemalloc.is_tracing(),
     "gc_callbacks": len(gc.callbacks),
     "monitoring": [i for i in range(6) if sys.monitoring.get_tool(i)] if hasattr(sys, "monitoring") else [],
+    # 3.11: cpu detailing's frame evaluation hook (PEP 523) is out again
+    "frame_hook": bool(getattr(sys.modules.get("agent._fastsample"), "frame_hook_installed", lambda: False)()),
     "agent_running": bool(mod is not None and getattr(mod, "__dyper__", False) and mod.is_running()),
     "sys_path": list(sys.path),
 }

@@ -39,6 +39,7 @@ SAME = (
     "tasks",
     "fds",
     "monitoring",
+    "frame_hook",
     "gc_callbacks",
     "tracemalloc",
     "profile",

@@ -2,9 +2,9 @@
 
 One target (targets/planted_threads.py) has a sleeper, a thread blocked on
 an RLock another thread holds, three CPU-bound threads and a function
-called at a known paced rate. Each must be reported as what it is. On 3.11
-cpu detailing goes through yappi, which is opt-in there: the runs name the
-proflets, as a user on 3.11 would.
+called at a known paced rate. Each must be reported as what it is. cpu
+detailing counts through sys.monitoring on 3.12+ and through the C frame
+hook on 3.11; the call rate must be within 25% of the truth on both.
 
 The plug-in test installs an application-specific proflet the way a
 package would be installed (its module and its distribution metadata with
@@ -23,11 +23,7 @@ from tests.integration.conftest import TARGETS, dyper, start_target, stop, wait_
 
 PLANTED = TARGETS / "planted_threads.py"
 PLUGIN = Path(__file__).parent / "plugin" / "dyper_fds.py"
-# On 3.11 cpu detailing would go through yappi, which is opt-in there; its call
-# rates on this target were unreliable (one run in three far off), so these runs
-# leave it at its default (off, with the reason in the report) on 3.11.
-NAMES = "cpu,threads,timing" if sys.version_info >= (3, 12) else "threads,timing"
-PROFLETS = {"DYPER_PROFLETS": NAMES + ",fds"}
+PROFLETS = {"DYPER_PROFLETS": "cpu,threads,timing,fds"}
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -122,17 +118,14 @@ def test_run_and_report_planted_threads_with_a_plugin(tmp_path):
     # cpu detailing counted the paced function's calls: the rate within 25% of the truth.
     functions = {r["name"]: r for r in report["proflets"]["cpu"]["functions"]}
     paced = functions["paced_call"]
-    if sys.version_info >= (3, 12):
-        assert paced["calls_per_s"] is not None, (paced, report["off"])
-        # The paced thread gets the GIL in clumps: over a quarter of a second its
-        # rate ran from a tenth to twice its mean. Call bursts of 2 s, not cut
-        # short at a clump, add up to seconds of counting (0.95 to 1.14 of the
-        # truth in 20 runs, 8 of them two at once on this 2-core machine).
-        assert paced["counted_s"] > 1.0, paced
-        assert 0.75 * _truth_rate(truth) <= paced["calls_per_s"] <= 1.25 * _truth_rate(truth), paced
-        assert paced["calls"] == pytest.approx(paced["calls_per_s"] * process["duration_s"], rel=0.01)
-    else:
-        assert paced["calls_per_s"] is None and paced["calls"] is None  # nothing counted, nothing made up
+    assert paced["calls_per_s"] is not None, (paced, report["off"])
+    # The paced thread gets the GIL in clumps: over a quarter of a second its
+    # rate ran from a tenth to twice its mean. Call bursts of 2 s, not cut
+    # short at a clump, add up to seconds of counting (0.95 to 1.14 of the
+    # truth in 20 runs, 8 of them two at once on this 2-core machine).
+    assert paced["counted_s"] > 1.0, paced
+    assert 0.75 * _truth_rate(truth) <= paced["calls_per_s"] <= 1.25 * _truth_rate(truth), paced
+    assert paced["calls"] == pytest.approx(paced["calls_per_s"] * process["duration_s"], rel=0.01)
 
     # The plug-in ran in the target and in the monitor: about 10 new descriptors a second.
     fds = report["proflets"]["fds"]

@@ -1,13 +1,16 @@
 """cpu detailing's collector on its own: exact counts of the candidates only, nothing left behind.
 
 3.12+ counts through sys.monitoring local events on the candidates only;
-3.11 counts through yappi.
+3.11 through the C frame evaluation hook (PEP 523), or yappi without it.
 """
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
 import sys
+import textwrap
 import time
 import types
 from types import CodeType
@@ -70,7 +73,7 @@ def test_a_second_burst_counts_again_and_the_tool_is_freed() -> None:
     else:
         import yappi
 
-        assert not yappi.is_running()
+        assert not yappi.is_running() and not _fastsample.frame_hook_installed()
     collector.close()
 
 
@@ -99,7 +102,7 @@ def test_a_lines_burst_counts_each_line_exactly() -> None:
     collector.close()
     assert [row[3] for row in result["functions"]] == [2]
     if sys.version_info < (3, 12):
-        # yappi counts calls, not lines
+        # the frame hook counts calls, not lines
         assert not result["lines_counted"] and result["lines"] == []
         return
     assert result["lines_counted"]
@@ -162,7 +165,7 @@ def test_a_native_burst_times_the_c_calls_of_each_candidate() -> None:
     result = collector.stop_detail()
     collector.close()
     if sys.version_info < (3, 12):
-        assert "native" not in result  # yappi counts calls only
+        assert "native" not in result  # the frame hook counts calls only
         return
     native = result["native"]
     [(_, name, _, own)] = native["functions"]
@@ -268,7 +271,7 @@ def test_line_bursts_are_charged_what_they_measurably_lose_when_the_calibration_
     finally:
         collector.close()
     if sys.version_info < (3, 12):
-        assert all("loss_factor" not in r for r in results)  # yappi bursts count calls only
+        assert all("loss_factor" not in r for r in results)  # 3.11's bursts count calls only
         return
     kinds = [r["lines_counted"] for r in results]
     assert kinds == [False, True] * 4
@@ -299,7 +302,7 @@ def _spin(stop: Any) -> None:
 def test_a_yappi_burst_is_charged_its_slow_path_under_code_that_calls_nothing() -> None:
     import threading
 
-    collector = CpuCollector()
+    collector = CpuCollector(use_frame_hook=False)
     collector.explicit = True  # yappi on 3.11 is opt-in
     collector.prepare()
     # 3.11's tracing path runs every instruction unspecialised: about half the
@@ -377,7 +380,7 @@ def test_yappi_bursts_take_a_busy_thread_s_calls_as_slowed_more_than_a_paced_one
             counts["cold"] += 1
             time.sleep(max(0.0, start + n / 200 - time.perf_counter()))
 
-    collector = CpuCollector()
+    collector = CpuCollector(use_frame_hook=False)
     collector.explicit = True
     collector.prepare()
     threads = [threading.Thread(target=busy), threading.Thread(target=paced)]
@@ -410,3 +413,106 @@ def test_yappi_bursts_take_a_busy_thread_s_calls_as_slowed_more_than_a_paced_one
     # 1.8 of it; busy: 0.6 to 2), so only the order is asserted; the
     # arithmetic is pinned by the test above.
     assert busy_row[4] < 0.9 * paced_row[4], (busy_row, paced_row, plain)
+
+
+def gen_candidate(n: int) -> Any:
+    yield from range(n)
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="the frame hook is the 3.11 path")
+def test_a_frame_hook_burst_counts_calls_not_resumptions_and_leaves_the_evaluator_as_it_was() -> None:
+    collector = CpuCollector()
+    assert collector.unavailable() is None  # on by default: no yappi, nothing to opt into
+    collector.prepare()
+    assert collector._frame_cost_s is not None and 0 < collector._frame_cost_s < 1e-5
+    collector.start_detail(DetailContext([hot.__code__, gen_candidate.__code__], 1.0))
+    assert _fastsample.frame_hook_installed()
+    for i in range(1000):
+        hot(i)
+    for _ in range(10):
+        assert sum(gen_candidate(20)) == 190  # 10 calls, 210 resumptions
+    assert collector.slowdown_s() > 0  # known while the burst runs, so an overrun can end it
+    result = collector.stop_detail()
+    assert not _fastsample.frame_hook_installed()
+    rows = {row[1]: row[3] for row in result["functions"]}
+    assert rows == {"hot": 1000, "gen_candidate": 10}
+    # charged per frame evaluated anywhere: at least the 1,000 + 220 above
+    assert result["slowdown_s"] >= 1220 * collector._frame_cost_s
+    assert result["counted_s"] == pytest.approx(result["length_s"] - result["slowdown_s"])
+    collector.close()
+    assert not _fastsample.frame_hook_installed() and _fastsample.frame_hook_stop() == 0
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="the frame hook is the 3.11 path")
+def test_a_frame_hook_burst_charges_code_that_calls_nothing_next_to_nothing() -> None:
+    # yappi's profile function slowed a spinning loop to half its speed; the hook
+    # is called per frame only, so bytecode between calls runs as it always does.
+    import threading
+
+    collector = CpuCollector()
+    collector.prepare()
+    stop = threading.Event()
+    spinner = threading.Thread(target=_spin, args=(stop,))
+    spinner.start()
+    try:
+        t0, n0 = time.perf_counter(), _spins(stop, 0.3)
+        plain = n0 / (time.perf_counter() - t0)
+        collector.start_detail(DetailContext([hot.__code__], 1.0))
+        t0, n1 = time.perf_counter(), _spins(stop, 0.3)
+        hooked = n1 / (time.perf_counter() - t0)
+        result = collector.stop_detail()
+    finally:
+        stop.set()
+        spinner.join()
+        collector.close()
+    assert result["slowdown_s"] < 0.02 * result["length_s"], result
+    # the main thread's own call-free loop ran at its speed (yappi: about half)
+    assert hooked > 0.7 * plain, (hooked, plain)
+
+
+def _spins(stop: Any, seconds: float) -> int:
+    rounds, end = 0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        n = 0
+        for i in range(1000):
+            n += i & 7
+        rounds += 1
+    return rounds
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="3.12+ has sys.monitoring")
+def test_the_frame_hook_is_built_for_3_11_only() -> None:
+    assert not hasattr(_fastsample, "frame_hook_start")
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12) or not hasattr(os, "fork"), reason="the frame hook is the 3.11 path")
+def test_a_child_forked_during_a_frame_hook_burst_runs_without_the_hook() -> None:
+    script = textwrap.dedent(
+        """
+        import os
+        import agent
+        from agent import _fastsample as f
+        from agent.proflet import DetailContext
+        from proflets.cpu import CpuCollector
+
+        def hot(x):
+            return x
+
+        agent.start("tcp://127.0.0.1:9", budget=0.0001, proflets=())
+        c = CpuCollector()
+        c.prepare()
+        c.start_detail(DetailContext([hot.__code__], 1.0))
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if not f.frame_hook_installed() else 1)
+        _, status = os.waitpid(pid, 0)
+        still = f.frame_hook_installed()
+        c.stop_detail()
+        c.close()
+        agent.stop()
+        print(os.waitstatus_to_exitcode(status), still, f.frame_hook_installed())
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    # the child came back to the default evaluator; the parent's burst went on, then ended
+    assert out.stdout.split() == ["0", "True", "False"], out.stderr

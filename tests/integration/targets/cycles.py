@@ -54,6 +54,8 @@ def probe():
         "tasks": len(os.listdir("/proc/self/task")),
         "fds": len(os.listdir("/proc/self/fd")),
         "monitoring": [i for i in range(6) if sys.monitoring.get_tool(i)] if hasattr(sys, "monitoring") else [],
+        # 3.11: cpu detailing's frame evaluation hook (PEP 523) is out again
+        "frame_hook": bool(getattr(sys.modules.get("agent._fastsample"), "frame_hook_installed", lambda: False)()),
         "gc_callbacks": [repr(c) for c in gc.callbacks],
         "tracemalloc": tracemalloc.is_tracing(),
         "profile": repr(sys.getprofile()),
