@@ -69,7 +69,9 @@ def test_monitor_schedules_cpu_detailing_and_the_call_counts_arrive(monitor_thre
         # the monitor's first request): wait for a burst the monitor asked for.
         _busy_until(lambda: schedule.requests >= 1 and a._monitor_requests, timeout=30, what="the monitor's request")
         asked = a.bursts_total
-        _busy_until(lambda: a.bursts_total > asked and not a._bursts, timeout=30, what="a burst after the request")
+        # bursts_total counts bursts that ended. Not "and no burst runs now": on 3.11
+        # the frame hook's call bursts are cheap enough at 10% to follow one another.
+        _busy_until(lambda: a.bursts_total > asked, timeout=30, what="a burst after the request")
         assert state.mode == "monitor"  # the agent was following the monitor's timings
         assert a.scheduler.delays == {}  # ... and bursts only when asked
         assert session.costs["detail"] > 0  # its cost was charged and reported
