@@ -2916,15 +2916,15 @@ fastsample_proc_read(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
  *
  * The hook is installed only over the default evaluator, and taken out only
  * if it is still ours: a debugger or a JIT that installed its own (pydevd,
- * torch.compile) is never replaced, and the agent counts with yappi then.
- * Everything here runs with the GIL held.
+ * torch.compile) is never replaced, and the cpu proflet says so and stays
+ * off. Setting the default back stores NULL (_PyInterpreterState_SetEvalFrameFunc),
+ * so the interpreter inlines calls again. Everything here runs with the GIL held.
  * ------------------------------------------------------------------------ */
 
 static struct PyModuleDef fastsample_module;
 
 static PyObject *hook_counter;            /* the burst's CallCounter (strong), or NULL */
 static unsigned long long hook_frames;    /* frames evaluated while the hook was in */
-static PyObject *(*hook_default)(PyThreadState *, _PyInterpreterFrame *, int);
 
 static PyObject *
 frame_hook(PyThreadState *tstate, _PyInterpreterFrame *frame, int throwflag)
@@ -2972,7 +2972,6 @@ fastsample_frame_hook_start(PyObject *module, PyObject *const *args, Py_ssize_t 
     if (current != _PyEval_EvalFrameDefault) {
         Py_RETURN_FALSE;
     }
-    hook_default = current;
     Py_XSETREF(hook_counter, Py_NewRef(args[0]));
     hook_frames = 0;
     _PyInterpreterState_SetEvalFrameFunc(interp, frame_hook);
@@ -2989,7 +2988,7 @@ fastsample_frame_hook_stop(PyObject *module, PyObject *unused)
 {
     PyInterpreterState *interp = PyInterpreterState_Get();
     if (_PyInterpreterState_GetEvalFrameFunc(interp) == frame_hook) {
-        _PyInterpreterState_SetEvalFrameFunc(interp, hook_default != NULL ? hook_default : _PyEval_EvalFrameDefault);
+        _PyInterpreterState_SetEvalFrameFunc(interp, _PyEval_EvalFrameDefault);
     }
     Py_CLEAR(hook_counter);
     unsigned long long n = hook_frames;

@@ -35,7 +35,7 @@ from collections.abc import Callable
 sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])
 
 from agent.proflet import DetailContext
-from proflets.cpu import CpuCollector
+from proflets.cpu import CpuCollector, frame_hook
 
 # --- the workload: call-heavy, a dozen small functions -------------------------------
 
@@ -149,7 +149,7 @@ def main() -> None:
         configs["selective, calls"] = lambda: run_selective(n, lines=False)
         configs["selective, calls+lines"] = lambda: run_selective(n, lines=True)
         configs["selective, Python callback"] = lambda: run_python_counter(n)
-    elif CpuCollector()._hook is not None:
+    elif frame_hook() is not None:
         configs["frame hook, calls"] = lambda: run_selective(n, lines=False)
     try:
         import yappi  # noqa: F401

@@ -445,8 +445,9 @@ def test_a_frame_hook_burst_counts_calls_not_resumptions_and_leaves_the_evaluato
 
 @pytest.mark.skipif(sys.version_info >= (3, 12), reason="the frame hook is the 3.11 path")
 def test_a_frame_hook_burst_charges_code_that_calls_nothing_next_to_nothing() -> None:
-    # yappi's profile function slowed a spinning loop to half its speed; the hook
-    # is called per frame only, so bytecode between calls runs as it always does.
+    # yappi's profile function slowed a spinning loop to half its speed, and was
+    # charged for it; the hook is called per frame only, so bytecode between
+    # calls pays nothing and is charged nothing.
     import threading
 
     collector = CpuCollector()
@@ -455,29 +456,16 @@ def test_a_frame_hook_burst_charges_code_that_calls_nothing_next_to_nothing() ->
     spinner = threading.Thread(target=_spin, args=(stop,))
     spinner.start()
     try:
-        t0, n0 = time.perf_counter(), _spins(stop, 0.3)
-        plain = n0 / (time.perf_counter() - t0)
         collector.start_detail(DetailContext([hot.__code__], 1.0))
-        t0, n1 = time.perf_counter(), _spins(stop, 0.3)
-        hooked = n1 / (time.perf_counter() - t0)
+        time.sleep(0.3)
         result = collector.stop_detail()
     finally:
         stop.set()
         spinner.join()
         collector.close()
+    # The spinner ran bytecode all along and made one frame (Event.is_set) per 1,000
+    # rounds; yappi charged half of such a burst's length, the hook a sliver.
     assert result["slowdown_s"] < 0.02 * result["length_s"], result
-    # the main thread's own call-free loop ran at its speed (yappi: about half)
-    assert hooked > 0.7 * plain, (hooked, plain)
-
-
-def _spins(stop: Any, seconds: float) -> int:
-    rounds, end = 0, time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        n = 0
-        for i in range(1000):
-            n += i & 7
-        rounds += 1
-    return rounds
 
 
 @pytest.mark.skipif(sys.version_info < (3, 12), reason="3.12+ has sys.monitoring")
