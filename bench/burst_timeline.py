@@ -1,6 +1,7 @@
 """Where does alloc lose time around cpu bursts and reports? Unit-by-unit timing against the agent's own events.
 
-    python bench/burst_timeline.py [--seconds 60] [--budget 0.05] [--monitor ENDPOINT] [--json FILE]
+    python bench/burst_timeline.py [--workload alloc|cpu-1|cpu-4] [--seconds 60] [--budget 0.05]
+                                   [--monitor ENDPOINT] [--json FILE]
 
 In one process: alloc's unit in a loop on the main thread, each unit's end
 time (perf_counter) recorded; dyper's agent (cpu proflet, no monitor: it
@@ -15,6 +16,12 @@ With ``--monitor`` (a running ``dyper monitor``) the agent reports and
 follows the monitor's timings, as in the overhead benches; without, it
 schedules by itself and sends nothing. A diagnostic for issue 3's question:
 is alloc's slowdown under cpu detailing charged?
+
+With ``--workload cpu-4`` four threads run cpu-1's unit, and a unit's
+duration includes its waits for the GIL, so units cannot be classed one by
+one. The figures are then rates: all threads' units per second inside each
+burst against the plain time within a second of it, and the same for the
+50 ms after each burst start, stop and report (``by_rate``).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import gc
 import json
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -35,6 +43,7 @@ sys.path.insert(0, str(HERE / "workloads"))
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--workload", choices=("alloc", "cpu-1", "cpu-4"), default="alloc")
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--budget", type=float, default=0.05)
     parser.add_argument("--json")
@@ -42,8 +51,12 @@ def main() -> None:
     args = parser.parse_args()
 
     import alloc
+    import cpu1
 
     from agent.core import Agent
+
+    unit = alloc.unit if args.workload == "alloc" else (lambda: cpu1.middle(2000))
+    nthreads = 4 if args.workload == "cpu-4" else 1
 
     events: list[tuple[str, float, float]] = []  # (what, start, end)
     #: per burst, at its start: (kind, detail charged so far); at its stop: detail charged by then
@@ -76,16 +89,32 @@ def main() -> None:
     agent.start()
     ends: list[float] = []
     warm = time.perf_counter() + 5
-    while time.perf_counter() < warm:
-        alloc.unit()
-    spent0 = dict(agent.guard.spent_by)
-    t_start = time.perf_counter()
+    t_start = warm
     end = t_start + args.seconds
+    by_thread: list[list[float]] = [[] for _ in range(nthreads)]
+    spent_first: list[dict[str, float]] = []  # the ledger when the first thread passes the warm-up
+
+    def work(mine: list[float]) -> None:
+        while time.perf_counter() < warm:
+            unit()
+        if not spent_first:
+            spent_first.append(dict(agent.guard.spent_by))
+        while time.perf_counter() < end:
+            unit()
+            mine.append(time.perf_counter())
+
     gc_before = [s["collections"] for s in gc.get_stats()]
-    while time.perf_counter() < end:
-        alloc.unit()
-        ends.append(time.perf_counter())
+    if nthreads == 1:
+        work(by_thread[0])
+    else:
+        workers = [threading.Thread(target=work, args=(m,)) for m in by_thread]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
     spent1 = dict(agent.guard.spent_by)
+    spent0 = spent_first[0]
+    ends = sorted(t for m in by_thread for t in m)
     agent.stop()
     gc_after = [s["collections"] for s in gc.get_stats()]
 
@@ -156,7 +185,11 @@ def main() -> None:
             local = statistics.fmean(near)
             local_loss[kind] += sum(d - local for d in inside)
             local_n[kind] += 1
+    by_rate = rate_losses(ends, t_start, end, bursts, starts, stops, reports)
     result = {
+        "workload": args.workload,
+        "threads": nthreads,
+        "by_rate": by_rate,
         "seconds": args.seconds,
         "budget": args.budget,
         "units": len(ends),
@@ -194,6 +227,67 @@ def main() -> None:
     print(json.dumps(result, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(result))
+
+
+#: bins of the rate-based analysis, seconds
+BIN_S = 0.01
+#: how long after a burst's start or stop or a report its aftermath is looked at
+EDGE_S = 0.05
+
+
+def rate_losses(
+    ends: list[float],
+    t0: float,
+    t1: float,
+    bursts: list[tuple[float, float, str, float]],
+    starts: list[tuple[float, float]],
+    stops: list[tuple[float, float]],
+    reports: list[tuple[float, float]],
+) -> dict[str, dict[str, float]]:
+    """Seconds of work lost per class of time, from all threads' units per 10-ms bin.
+
+    Each bin is classed: the EDGE_S after a start, stop or report began (the
+    first that applies), inside a burst (by kind), or plain. A bin's loss is
+    its length times one minus its units over the mean units of the plain
+    bins within a second of it: the machine's speed drifts too much here for
+    a run-wide baseline. Charged against nothing: burst_timeline's other
+    figures have the charges.
+    """
+    n = int((t1 - t0) / BIN_S)
+    counts = [0] * n
+    for e in ends:
+        i = int((e - t0) / BIN_S)
+        if 0 <= i < n:
+            counts[i] += 1
+    cls = ["plain"] * n
+    for a, z, kind, _ in bursts:
+        for i in range(max(0, int((a - t0) / BIN_S)), min(n, int((z - t0) / BIN_S) + 1)):
+            cls[i] = "burst " + kind
+    for name, spans in (("report", reports), ("stop", stops), ("start", starts)):
+        for a, z in spans:
+            for i in range(max(0, int((a - t0) / BIN_S)), min(n, int((max(z, a + EDGE_S) - t0) / BIN_S) + 1)):
+                cls[i] = name
+    plain_sum = [0.0] * (n + 1)
+    plain_n = [0] * (n + 1)
+    for i in range(n):
+        plain_sum[i + 1] = plain_sum[i] + (counts[i] if cls[i] == "plain" else 0)
+        plain_n[i + 1] = plain_n[i] + (cls[i] == "plain")
+    reach = int(1.0 / BIN_S)
+    out: dict[str, dict[str, float]] = {}
+    for i in range(n):
+        lo, hi = max(0, i - reach), min(n, i + reach + 1)
+        k = plain_n[hi] - plain_n[lo]
+        if k < reach // 2:
+            continue
+        local = (plain_sum[hi] - plain_sum[lo]) / k
+        if local <= 0:
+            continue
+        row = out.setdefault(cls[i], {"seconds": 0.0, "lost_ms": 0.0})
+        row["seconds"] += BIN_S
+        row["lost_ms"] += 1000 * BIN_S * (1.0 - counts[i] / local)
+    for row in out.values():
+        row["lost_pct"] = 100 * row["lost_ms"] / 1000 / max(row["seconds"], 1e-9)
+    return out
 
 
 if __name__ == "__main__":

@@ -1,0 +1,619 @@
+"""Ground-truth programs for bench/compare.py: each one records where its own CPU time went.
+
+    python bench/workloads/truth.py PROGRAM (--rounds N | --seconds S) OUT
+
+PROGRAM is one of flat, deep, spread, recursion, threads, native (see
+PROGRAMS). Every function whose share is judged does its own work in one
+timed block: the thread's CPU clock read before and after, the difference
+added to that function's truth, and its call counted. The blocks are 0.1 to
+a few milliseconds long, so the two clock reads (under a microsecond each)
+are under 1% of what they time; the glue between blocks (loops, calls) is
+not in the truth. A C call that releases the GIL (zlib, hashlib) is timed
+the same way and belongs to the function that makes it, as a sampler that
+shows Python frames only would charge it.
+
+The work is a fixed number of rounds (``--rounds``, in each working thread
+of the threaded programs: for timing a tool's slowdown) or as many as fit in
+``--seconds`` (for calibrating rounds, and for runs of growing length that
+show how soon a tool's answer settles). OUT gets:
+
+    {"program", "rounds", "wall_s", "cpu_s", "truth_s": {name: s}, "calls": {name: n}}
+
+wall_s and cpu_s cover the work only (not start-up, not a tool's own
+start-up). Truth is CPU time: a sleeping or blocked thread's functions have
+almost none, and a tool that counts idle time as time is wrong about them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import threading
+import time
+import zlib
+from collections.abc import Callable
+
+clock = time.thread_time
+TRUTH: dict[str, float] = {}
+CALLS: dict[str, int] = {}
+_lock = threading.Lock()
+
+
+def record(name: str, t0: float) -> None:
+    """Add the CPU time since t0 to name's truth and count a call (threads share the tables)."""
+    spent = clock() - t0
+    with _lock:
+        TRUTH[name] = TRUTH.get(name, 0.0) + spent
+        CALLS[name] = CALLS.get(name, 0) + 1
+
+
+class Pace:
+    """Whether another round may start: a count of rounds or a deadline."""
+
+    def __init__(self, rounds: int | None, seconds: float | None) -> None:
+        self.rounds, self.deadline, self.done = rounds, None, 0
+        if seconds is not None:
+            self.deadline = time.perf_counter() + seconds
+        self._lock = threading.Lock()
+
+    def next(self) -> bool:
+        with self._lock:
+            if self.rounds is not None and self.done >= self.rounds:
+                return False
+            if self.deadline is not None and time.perf_counter() >= self.deadline:
+                return False
+            self.done += 1
+            return True
+
+    def fork(self) -> Pace:
+        """A pace of its own for one thread: the same count of rounds, the same deadline."""
+        child = Pace(self.rounds, None)
+        child.deadline = self.deadline
+        return child
+
+    def running(self) -> bool:
+        """Whether rounds may still be started (the count not reached, the deadline not passed)."""
+        with self._lock:
+            if self.rounds is not None and self.done >= self.rounds:
+                return False
+            return self.deadline is None or time.perf_counter() < self.deadline
+
+
+# --- flat: six functions side by side, no callees -------------------------------------
+
+
+def parse_header(n: int) -> int:
+    t0 = clock()
+    x = 0
+    for i in range(n):
+        x += i * i
+    record("parse_header", t0)
+    return x
+
+
+def validate(n: int) -> int:
+    t0 = clock()
+    x = 0
+    for i in range(n):
+        x += i ^ 5
+    record("validate", t0)
+    return x
+
+
+def transform(n: int) -> int:
+    t0 = clock()
+    x = 0
+    for i in range(n):
+        x += i * 3 % 11
+    record("transform", t0)
+    return x
+
+
+def score(n: int) -> int:
+    t0 = clock()
+    x = 0
+    for i in range(n):
+        x += i * i % 7
+    record("score", t0)
+    return x
+
+
+def render(n: int) -> int:
+    t0 = clock()
+    x = 0
+    for i in range(n):
+        x += i + 1
+    record("render", t0)
+    return x
+
+
+def audit(n: int) -> int:
+    t0 = clock()
+    x = 0
+    for i in range(n):
+        x -= i
+    record("audit", t0)
+    return x
+
+
+def flat(pace: Pace) -> None:
+    while pace.next():
+        parse_header(9000)
+        validate(6600)
+        transform(4800)
+        score(3600)
+        render(3300)
+        audit(2700)
+
+
+# --- deep: a chain twelve calls deep, each level with some work of its own ----------
+
+
+def level01(n: int) -> int:
+    t0 = clock()
+    x = sum(range(200 * n))
+    record("level01", t0)
+    return x + level02(n)
+
+
+def level02(n: int) -> int:
+    t0 = clock()
+    x = sum(range(200 * n))
+    record("level02", t0)
+    return x + level03(n)
+
+
+def level03(n: int) -> int:
+    t0 = clock()
+    x = 0
+    for i in range(300 * n):
+        x += i
+    record("level03", t0)
+    return x + level04(n)
+
+
+def level04(n: int) -> int:
+    t0 = clock()
+    x = 0
+    for i in range(300 * n):
+        x += i
+    record("level04", t0)
+    return x + level05(n)
+
+
+def level05(n: int) -> int:
+    t0 = clock()
+    x = 0
+    for i in range(400 * n):
+        x += i
+    record("level05", t0)
+    return x + level06(n)
+
+
+def level06(n: int) -> int:
+    t0 = clock()
+    x = 0
+    for i in range(500 * n):
+        x += i
+    record("level06", t0)
+    return x + level07(n)
+
+
+def level07(n: int) -> int:
+    t0 = clock()
+    x = 0
+    for i in range(600 * n):
+        x += i
+    record("level07", t0)
+    return x + level08(n)
+
+
+def level08(n: int) -> int:
+    t0 = clock()
+    x = 0
+    for i in range(800 * n):
+        x += i
+    record("level08", t0)
+    return x + level09(n)
+
+
+def level09(n: int) -> int:
+    t0 = clock()
+    x = 0
+    for i in range(1000 * n):
+        x += i
+    record("level09", t0)
+    return x + level10(n)
+
+
+def level10(n: int) -> int:
+    t0 = clock()
+    x = 0
+    for i in range(1300 * n):
+        x += i
+    record("level10", t0)
+    return x + level11(n)
+
+
+def level11(n: int) -> int:
+    t0 = clock()
+    x = 0
+    for i in range(1700 * n):
+        x += i
+    record("level11", t0)
+    return x + level12(n)
+
+
+def level12(n: int) -> int:
+    t0 = clock()
+    x = 0
+    for i in range(3000 * n):
+        x += i * i
+    record("level12", t0)
+    return x
+
+
+def deep(pace: Pace) -> None:
+    while pace.next():
+        level01(3)
+
+
+# --- spread: one function called from eight places, each caller with its own work ---
+
+
+def lookup(n: int) -> int:
+    t0 = clock()
+    x = 0
+    for i in range(n):
+        x += i * i
+    record("lookup", t0)
+    return x
+
+
+# Each caller's work is written out in it: a shared helper would take the samples.
+
+
+def route_a() -> int:
+    t0 = clock()
+    x = 0
+    for i in range(4000):
+        x += i
+    record("route_a", t0)
+    for _ in range(3):
+        x += lookup(600)
+    return x
+
+
+def route_b() -> int:
+    t0 = clock()
+    x = 0
+    for i in range(3200):
+        x += i
+    record("route_b", t0)
+    for _ in range(4):
+        x += lookup(600)
+    return x
+
+
+def route_c() -> int:
+    t0 = clock()
+    x = 0
+    for i in range(2600):
+        x += i
+    record("route_c", t0)
+    for _ in range(2):
+        x += lookup(600)
+    return x
+
+
+def route_d() -> int:
+    t0 = clock()
+    x = 0
+    for i in range(2200):
+        x += i
+    record("route_d", t0)
+    for _ in range(5):
+        x += lookup(600)
+    return x
+
+
+def route_e() -> int:
+    t0 = clock()
+    x = 0
+    for i in range(1800):
+        x += i
+    record("route_e", t0)
+    for _ in range(2):
+        x += lookup(600)
+    return x
+
+
+def route_f() -> int:
+    t0 = clock()
+    x = 0
+    for i in range(1400):
+        x += i
+    record("route_f", t0)
+    for _ in range(3):
+        x += lookup(600)
+    return x
+
+
+def route_g() -> int:
+    t0 = clock()
+    x = 0
+    for i in range(1100):
+        x += i
+    record("route_g", t0)
+    for _ in range(4):
+        x += lookup(600)
+    return x
+
+
+def route_h() -> int:
+    t0 = clock()
+    x = 0
+    for i in range(800):
+        x += i
+    record("route_h", t0)
+    for _ in range(2):
+        x += lookup(600)
+    return x
+
+
+def spread(pace: Pace) -> None:
+    while pace.next():
+        for route in (route_a, route_b, route_c, route_d, route_e, route_f, route_g, route_h):
+            route()
+
+
+# --- recursion: a tree walk, mutual recursion, and two plain functions --------------
+
+
+def walk(depth: int) -> int:
+    t0 = clock()
+    x = 0
+    for i in range(900):
+        x += i
+    record("walk", t0)
+    if depth == 0:
+        return x + leaf_cost(700)
+    return x + walk(depth - 1) + walk(depth - 1)
+
+
+def leaf_cost(n: int) -> int:
+    t0 = clock()
+    x = 0
+    for i in range(n):
+        x += i * i
+    record("leaf_cost", t0)
+    return x
+
+
+def is_even(n: int) -> bool:
+    t0 = clock()
+    x = 0
+    for i in range(700):
+        x += i
+    record("is_even", t0)
+    return True if n == 0 else is_odd(n - 1)
+
+
+def is_odd(n: int) -> bool:
+    t0 = clock()
+    x = 0
+    for i in range(500):
+        x += i
+    record("is_odd", t0)
+    return False if n == 0 else is_even(n - 1)
+
+
+def tally(n: int) -> int:
+    t0 = clock()
+    x = 0
+    for i in range(n):
+        x += i ^ 3
+    record("tally", t0)
+    return x
+
+
+def recursion(pace: Pace) -> None:
+    while pace.next():
+        walk(5)
+        is_even(24)
+        tally(12000)
+
+
+# --- threads: three threads on the CPU (one holding a lock), a sleeper, a waiter -----
+
+_held = threading.Lock()
+
+
+def crunch(n: int) -> int:
+    t0 = clock()
+    x = 0
+    for i in range(n):
+        x += i * i
+    record("crunch", t0)
+    return x
+
+
+def digest_rows(n: int) -> int:
+    t0 = clock()
+    x = 0
+    for i in range(n):
+        x += i % 13
+    record("digest_rows", t0)
+    return x
+
+
+def guarded_update(n: int) -> int:
+    t0 = clock()
+    x = 0
+    for i in range(n):
+        x += i
+    record("guarded_update", t0)
+    return x
+
+
+def nap() -> None:
+    t0 = clock()
+    time.sleep(0.005)
+    record("nap", t0)
+
+
+def wait_for_lock() -> None:
+    t0 = clock()
+    with _held:
+        pass
+    record("wait_for_lock", t0)
+
+
+def threads(pace: Pace) -> None:
+    """Three CPU threads with a round count (or the deadline) each, a sleeper and a waiter.
+
+    The guarded thread holds the lock through its work and, once done, until
+    the end: the waiter is blocked nearly all the time and never spins.
+    """
+    stop = threading.Event()
+    paces = [pace.fork() for _ in range(3)]
+
+    def cpu(fn: Callable[[int], int], n: int, mine: Pace) -> None:
+        while mine.next():
+            fn(n)
+
+    def guarded(mine: Pace) -> None:
+        with _held:
+            cpu(guarded_update, 10000, mine)
+            stop.wait()
+
+    def idle(fn: Callable[[], None]) -> None:
+        fn()  # at least once, however short the run: its function is in the truth
+        while not stop.is_set():
+            fn()
+
+    workers = [
+        threading.Thread(target=cpu, args=(crunch, 12000, paces[0]), name="crunch"),
+        threading.Thread(target=cpu, args=(digest_rows, 8000, paces[1]), name="digest"),
+    ]
+    holder = threading.Thread(target=guarded, args=(paces[2],), name="guarded")
+    holder.start()
+    sidekicks = [
+        threading.Thread(target=idle, args=(nap,), name="napper"),
+        threading.Thread(target=idle, args=(wait_for_lock,), name="waiter"),
+    ]
+    for t in workers + sidekicks:
+        t.start()
+    for t in workers:
+        t.join()
+    while paces[2].running():
+        time.sleep(0.001)
+    stop.set()
+    for t in [holder, *sidekicks]:
+        t.join()
+    pace.done = max(p.done for p in paces)  # rounds count per thread
+
+
+# --- native: C calls that release the GIL, beside Python work -----------------------
+
+_BLOCK = bytes(range(256)) * 1024  # 256 kB, compressible
+_BIG = _BLOCK * 4  # 1 MB
+
+
+def compress_block() -> int:
+    t0 = clock()
+    out = zlib.compress(_BLOCK, 6)  # releases the GIL while it compresses
+    record("compress_block", t0)
+    return len(out)
+
+
+def checksum() -> int:
+    t0 = clock()
+    out = hashlib.sha256(_BIG).digest()  # releases the GIL for data this large
+    record("checksum", t0)
+    return len(out)
+
+
+def tokenize(n: int) -> int:
+    t0 = clock()
+    x = 0
+    for i in range(n):
+        x += i * 7 % 5
+    record("tokenize", t0)
+    return x
+
+
+def summarize(n: int) -> int:
+    t0 = clock()
+    x = 0
+    for i in range(n):
+        x += i
+    record("summarize", t0)
+    return x
+
+
+def encode_rows(n: int) -> int:
+    t0 = clock()
+    x = 0
+    for i in range(n):
+        x ^= i * 31
+    record("encode_rows", t0)
+    return x
+
+
+def native(pace: Pace) -> None:
+    side_pace = pace.fork()
+
+    def side() -> None:
+        while side_pace.next():
+            compress_block()
+            checksum()
+            encode_rows(6000)
+
+    helper = threading.Thread(target=side, name="compressor")
+    helper.start()
+    while pace.next():
+        tokenize(20000)
+        summarize(12000)
+    helper.join()
+
+
+PROGRAMS: dict[str, Callable[[Pace], None]] = {
+    "flat": flat,
+    "deep": deep,
+    "spread": spread,
+    "recursion": recursion,
+    "threads": threads,
+    "native": native,
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("program", choices=sorted(PROGRAMS))
+    group = ap.add_mutually_exclusive_group(required=True)
+    group.add_argument("--rounds", type=int)
+    group.add_argument("--seconds", type=float)
+    ap.add_argument("out")
+    args = ap.parse_args()
+    pace = Pace(args.rounds, args.seconds)
+    w0, c0 = time.perf_counter(), time.process_time()
+    PROGRAMS[args.program](pace)
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    with open(args.out, "w") as f:
+        json.dump(
+            {
+                "program": args.program,
+                "rounds": pace.done,
+                "wall_s": wall,
+                "cpu_s": cpu,
+                "truth_s": TRUTH,
+                "calls": CALLS,
+            },
+            f,
+        )
+
+
+if __name__ == "__main__":
+    main()
