@@ -1,11 +1,13 @@
 """Where does alloc lose time around cpu bursts and reports? Unit-by-unit timing against the agent's own events.
 
-    python bench/burst_timeline.py [--workload alloc|cpu-1|cpu-4] [--seconds 60] [--budget 0.05]
-                                   [--monitor ENDPOINT] [--json FILE]
+    python bench/burst_timeline.py [--workload alloc|cpu-1|cpu-4] [--proflets cpu,...] [--seconds 60]
+                                   [--budget 0.05] [--monitor ENDPOINT] [--json FILE]
 
 In one process: alloc's unit in a loop on the main thread, each unit's end
-time (perf_counter) recorded; dyper's agent (cpu proflet, no monitor: it
-schedules by itself) at the budget. Agent._start_burst / _stop_burst /
+time (perf_counter) recorded; dyper's agent (the cpu proflet, or
+``--proflets``; no monitor: it schedules by itself) at the budget. Bursts are
+told apart by proflet and kind (``memory:sites``); where two proflets' bursts
+overlap, a unit counts for the later one only. Agent._start_burst / _stop_burst /
 _detail_step are wrapped to log when they ran (perf_counter at entry and
 exit), and so is _report. Then each unit is classed: plain (nothing of
 the agent's near it but sampling), in a burst, touching a burst's start or
@@ -45,6 +47,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--workload", choices=("alloc", "cpu-1", "cpu-4"), default="alloc")
     parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--proflets", default="cpu", help="the agent's proflets (default cpu)")
     parser.add_argument("--budget", type=float, default=0.05)
     parser.add_argument("--json")
     parser.add_argument("--monitor", default="tcp://127.0.0.1:9")
@@ -59,9 +62,10 @@ def main() -> None:
     nthreads = 4 if args.workload == "cpu-4" else 1
 
     events: list[tuple[str, float, float]] = []  # (what, start, end)
-    #: per burst, at its start: (kind, detail charged so far); at its stop: detail charged by then
-    kinds: list[tuple[str, float]] = []
-    charged_at_stop: list[float] = []
+    #: per burst, by proflet: (start op begins, start op ends, "proflet:kind")
+    started: dict[str, list[tuple[float, float, str]]] = {}
+    #: per burst, by proflet: (stop op begins, stop op ends, what the burst was charged in all)
+    stopped: dict[str, list[tuple[float, float, float]]] = {}
     original = {n: getattr(Agent, n) for n in ("_start_burst", "_stop_burst", "_detail_step", "_report")}
 
     def wrap(name: str):  # type: ignore[no-untyped-def]
@@ -70,22 +74,25 @@ def main() -> None:
         def wrapper(self, *a, **k):  # type: ignore[no-untyped-def]
             t0 = time.perf_counter()
             before = self.guard.spent_by.get("detail", 0.0)
+            burst = self._bursts.get(a[0]) if name == "_stop_burst" else None
             try:
                 return fn(self, *a, **k)
             finally:
-                events.append((name, t0, time.perf_counter()))
-                if name == "_start_burst":
-                    burst = self._bursts.get(a[0])
-                    kinds.append((burst.kind if burst is not None else "?", before))
-                elif name == "_stop_burst":
-                    charged_at_stop.append(self.guard.spent_by.get("detail", 0.0))
+                t1 = time.perf_counter()
+                events.append((name, t0, t1))
+                if name == "_start_burst" and a[0] in self._bursts:
+                    started.setdefault(a[0], []).append((t0, t1, f"{a[0]}:{self._bursts[a[0]].kind}"))
+                elif name == "_stop_burst" and burst is not None:
+                    # its fixed cost at the start, the slowdown charged by the stop, and the stop's settling
+                    settled = self.guard.spent_by.get("detail", 0.0) - before
+                    stopped.setdefault(a[0], []).append((t0, t1, burst.fixed_s + burst.charged_s + settled))
 
         return wrapper
 
     for n in original:
         setattr(Agent, n, wrap(n))
 
-    agent = Agent(args.monitor, args.budget, proflets=("cpu",))
+    agent = Agent(args.monitor, args.budget, proflets=tuple(args.proflets.split(",")))
     agent.start()
     ends: list[float] = []
     warm = time.perf_counter() + 5
@@ -119,19 +126,16 @@ def main() -> None:
     gc_after = [s["collections"] for s in gc.get_stats()]
 
     evs = [e for e in events if e[1] >= t_start]
-    first_start = sum(1 for n, s, _ in events if n == "_start_burst" and s < t_start)
-    first_stop = sum(1 for n, s, _ in events if n == "_stop_burst" and s < t_start)
-    kinds = kinds[first_start:]
-    charged_at_stop = charged_at_stop[first_stop:]
-    starts = [(s, e) for n, s, e in evs if n == "_start_burst"]
-    stops = [(s, e) for n, s, e in evs if n == "_stop_burst"]
-    reports = [(s, e) for n, s, e in evs if n == "_report"]
-    # bursts: from a start's end to the next stop's start
-    bursts = []  # (begins, ends, kind, detail charged from its start to its stop)
-    for (_, s1), (kind, charged0) in zip(starts, kinds, strict=False):
-        k = next((i for i, st in enumerate(stops) if st[0] >= s1), None)
-        if k is not None and k < len(charged_at_stop):
-            bursts.append((s1, stops[k][0], kind, charged_at_stop[k] - charged0))
+    starts = [(a, z) for n, a, z in evs if n == "_start_burst"]
+    stops = [(a, z) for n, a, z in evs if n == "_stop_burst"]
+    reports = [(a, z) for n, a, z in evs if n == "_report"]
+    # bursts, per proflet: from a start's end to the next stop's beginning (a proflet runs one at a time)
+    bursts = []  # (begins, ends, "proflet:kind", what it was charged)
+    for name, ss in started.items():
+        for a0, a1, kind in ss:
+            nxt = next((st for st in stopped.get(name, []) if st[0] >= a1), None)
+            if nxt is not None and a0 >= t_start:
+                bursts.append((a1, nxt[0], kind, nxt[2]))
     begins = [t_start, *ends[:-1]]
     units: list[tuple[float, float, str]] = []  # (end, duration, class)
     classes: dict[str, list[float]] = {"plain": [], "burst": [], "start": [], "stop": [], "report": [], "near": []}

@@ -35,7 +35,9 @@ Per tool and program:
 - **share error**: each judged function's share of the judged functions' self
   time, tool against truth, in points (max and mean over functions; the median
   over repeats of each);
-- **top-5**: how many of the truth's five largest the tool's five largest hold;
+- **top-5 agreement**: the share of the truth's five largest (of those with
+  at least 1% of the truth: a sleeping thread's functions are in no top five)
+  that the tool's as many largest hold, 0-1;
 - **rank correlation**: Spearman's, over the judged functions;
 - **calls error** (dyper's cpu detailing and yappi count calls): the median
   over counted functions of |counted - true| / true, %.
@@ -129,13 +131,16 @@ def parse_pyspy_raw(text: str) -> Answer:
 
 
 def parse_pstats(path: Path) -> Answer:
-    """A pstats file (yappi's ``-f pstat``): own time (tottime) and primitive calls per function name."""
+    """A pstats file (yappi's ``-f pstat``): own time (tottime) and calls per function name."""
     st = pstats.Stats(str(path))
     out = Answer(samples=0)
-    for (_file, _line, name), (_cc, nc, tt, _ct, _callers) in st.stats.items():  # type: ignore[attr-defined]
+    for (_file, _line, name), (cc, nc, tt, _ct, _callers) in st.stats.items():  # type: ignore[attr-defined]
+        # cProfile puts primitive calls first and all calls second; yappi's export
+        # puts all calls first and the non-recursive ones second: all is the larger.
+        calls = max(cc, nc)
         out.self_by_name[name] = out.self_by_name.get(name, 0.0) + tt
-        out.calls[name] = out.calls.get(name, 0) + nc
-        out.samples = (out.samples or 0) + nc
+        out.calls[name] = out.calls.get(name, 0) + calls
+        out.samples = (out.samples or 0) + calls
     return out
 
 
@@ -206,22 +211,35 @@ def spearman(a: list[float], b: list[float]) -> float:
     return cov / (va * vb) if va > 0 and vb > 0 else math.nan
 
 
+#: The top five compared are those of the judged functions with at least this share of the
+#: truth: a function that takes next to nothing (a sleeping thread's) is in no top five.
+TOP_FLOOR = 0.01
+
+
+def score_shares(want: Mapping[str, float], got: Mapping[str, float]) -> dict[str, Any]:
+    """Share errors (points), top-5 agreement (0-1) and rank correlation, from shares (0-1) by name."""
+    names = sorted(want)
+    errors = [100 * abs(got.get(n, 0.0) - want[n]) for n in names]
+    k = min(5, sum(want[n] >= TOP_FLOOR for n in names))
+    return {
+        "max_err": max(errors),
+        "mean_err": statistics.fmean(errors),
+        "top5": len(set(top(want, k)) & set(top(got, k))) / k if k else None,
+        "rank_corr": spearman([want[n] for n in names], [got.get(n, 0.0) for n in names]),
+    }
+
+
 def score(truth: Mapping[str, Any], answer: Answer) -> dict[str, Any]:
     """One run's accuracy: share errors (points), top-5 agreement, rank correlation, calls error."""
     names = sorted(truth["truth_s"])
-    want = shares(truth["truth_s"], names)
     got = shares(answer.self_by_name, names)
-    errors = [100 * abs(got[n] - want[n]) for n in names]
     counted = [
         abs(answer.calls[n] - truth["calls"][n]) / truth["calls"][n]
         for n in names
         if n in answer.calls and truth["calls"].get(n)
     ]
     return {
-        "max_err": max(errors),
-        "mean_err": statistics.fmean(errors),
-        "top5": len(set(top(want)) & set(top(got))),
-        "rank_corr": spearman([want[n] for n in names], [got[n] for n in names]),
+        **score_shares(shares(truth["truth_s"], names), got),
         "calls_err_pct": 100 * statistics.median(counted) if counted else None,
         "seen": sum(answer.self_by_name.get(n, 0.0) > 0 for n in names),
         "judged": len(names),
@@ -395,6 +413,16 @@ def summarise(runs: list[dict[str, Any]], tools: list[str], programs: list[str])
     return {"cells": cells, "overall": overall}
 
 
+def rescore(result: dict[str, Any]) -> dict[str, Any]:
+    """The scores and the summary again from each run's stored shares (the calls error as stored)."""
+    for row in result["runs"]:
+        if "shares" in row and "truth" in row:
+            row["score"].update(score_shares(row["truth"], row["shares"]))
+    st = result["settings"]
+    result["summary"] = summarise(result["runs"], st["tools"], st["programs"])
+    return result
+
+
 def fmt(x: Any, spec: str) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "-"
@@ -412,7 +440,7 @@ def print_tables(result: dict[str, Any]) -> None:
     )
     print("\nall programs (mean over programs of each program's median)\n")
     print(
-        "| tool | slowdown % | tool CPU s/s | start-up CPU s | share error max / mean, points | top-5 of 5 "
+        "| tool | slowdown % | tool CPU s/s | start-up CPU s | share error max / mean, points | top-5 agreement "
         "| rank corr | calls error % |"
     )
     print("|---|---|---|---|---|---|---|---|")
@@ -421,7 +449,7 @@ def print_tables(result: dict[str, Any]) -> None:
         print(
             f"| {t} | {fmt(o['slowdown_pct'], '.1f')} | {fmt(o['tool_cpu_per_s'], '.3f')} | "
             f"{fmt(o.get('startup_cpu_s'), '.2f')} | {fmt(o['max_err'], '.1f')} / {fmt(o['mean_err'], '.1f')} | "
-            f"{fmt(o['top5'], '.1f')} | {fmt(o['rank_corr'], '.2f')} | {fmt(o['calls_err_pct'], '.1f')} |"
+            f"{fmt(o['top5'], '.2f')} | {fmt(o['rank_corr'], '.2f')} | {fmt(o['calls_err_pct'], '.1f')} |"
         )
     for p in result["settings"]["programs"]:
         print(f"\n{p}\n")
@@ -440,7 +468,7 @@ def print_tables(result: dict[str, Any]) -> None:
             print(
                 f"| {t}{failed} | {c['slowdown_pct']:.1f} [{c['slowdown_min']:.1f}, {c['slowdown_max']:.1f}] | "
                 f"{c['tool_cpu_per_s']:.3f} | {samples if t != 'none' else '-'} | "
-                f"{fmt(c.get('max_err'), '.1f')} / {fmt(c.get('mean_err'), '.1f')} | {fmt(c.get('top5'), '.0f')} | "
+                f"{fmt(c.get('max_err'), '.1f')} / {fmt(c.get('mean_err'), '.1f')} | {fmt(c.get('top5'), '.2f')} | "
                 f"{fmt(c.get('rank_corr'), '.2f')} | {fmt(c.get('calls_err_pct'), '.1f')} |"
             )
     st = result.get("stable")
@@ -506,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reanalyse", metavar="FILE", help="print the tables again from a --json file and stop")
     args = ap.parse_args(argv)
     if args.reanalyse:
-        print_tables(json.loads(Path(args.reanalyse).read_text()))
+        print_tables(rescore(json.loads(Path(args.reanalyse).read_text())))
         return 0
     repeats = args.repeats or (2 if args.quick else 5)
     seconds = args.seconds or (1.5 if args.quick else 4.0)
@@ -562,6 +590,8 @@ def main(argv: list[str] | None = None) -> int:
             if run.answer is not None and p != STARTUP:
                 row["score"] = score(run.truth, run.answer)
                 row["shares"] = shares(run.answer.self_by_name, sorted(run.truth["truth_s"]))
+                row["calls"] = {n: run.answer.calls[n] for n in run.truth["calls"] if n in run.answer.calls}
+                row["true_calls"] = run.truth["calls"]
             if run.truth:
                 row["truth"] = shares(run.truth["truth_s"], sorted(run.truth["truth_s"]))
             runs.append(row)

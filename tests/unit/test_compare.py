@@ -19,6 +19,7 @@ from bench.compare import (
     parse_pyinstrument_session,
     parse_pyspy_raw,
     score,
+    score_shares,
     shares,
     spearman,
     stable_from,
@@ -45,11 +46,15 @@ def test_pstats_from_a_real_yappi_run(tmp_path: Path) -> None:
     def caller() -> int:
         return busy() + busy()
 
+    def countdown(n: int) -> int:
+        return 0 if n == 0 else countdown(n - 1)
+
     yappi.set_clock_type("cpu")
     yappi.start(builtins=False)
     try:
         for _ in range(3):
             caller()
+            countdown(10)
     finally:
         yappi.stop()
     out = tmp_path / "y.pstat"
@@ -58,6 +63,7 @@ def test_pstats_from_a_real_yappi_run(tmp_path: Path) -> None:
     a = parse_pstats(out)
     assert a.calls["busy"] == 6
     assert a.calls["caller"] == 3
+    assert a.calls["countdown"] == 3 * 11  # every recursive call, not only the outermost
     # busy's generator does the work; caller only calls: its own time is a small part of busy's
     assert a.self_by_name["caller"] < a.self_by_name["busy"] + a.self_by_name.get("<genexpr>", 0.0)
     assert a.samples is not None and a.samples >= 9
@@ -118,7 +124,7 @@ def test_score_of_a_perfect_and_of_a_wrong_answer() -> None:
     }
     right = score(truth, Answer(self_by_name={"a": 40, "b": 30, "c": 20, "d": 5, "e": 3, "f": 2, "glue": 99}))
     assert right["max_err"] == pytest.approx(0.0)
-    assert right["top5"] == 5
+    assert right["top5"] == 1.0
     assert right["rank_corr"] == pytest.approx(1.0)
     assert right["calls_err_pct"] is None
     # f and a swapped; a's calls counted 10% high, b's exactly
@@ -127,7 +133,7 @@ def test_score_of_a_perfect_and_of_a_wrong_answer() -> None:
         Answer(self_by_name={"a": 0.2, "b": 3.0, "c": 2.0, "d": 0.5, "e": 0.3, "f": 4.0}, calls={"a": 110, "b": 50}),
     )
     assert wrong["max_err"] == pytest.approx(100 * 3.8 / 10.0)
-    assert wrong["top5"] == 4
+    assert wrong["top5"] == 0.8
     assert wrong["rank_corr"] < 0.5
     assert wrong["calls_err_pct"] == pytest.approx(5.0)
 
@@ -169,5 +175,12 @@ def test_a_tool_that_saw_nothing_names_no_top_five() -> None:
     assert top({"a": 0.0, "b": 0.0}) == []
     truth = {"truth_s": {n: float(i + 1) for i, n in enumerate("abcdef")}, "calls": {}}
     blind = score(truth, Answer(self_by_name={"glue": 10.0}))
-    assert blind["top5"] == 0
+    assert blind["top5"] == 0.0
     assert blind["seen"] == 0
+
+
+def test_top_five_leaves_out_what_takes_next_to_nothing() -> None:
+    # a sleeping thread's functions (under 1% of the truth) are in no top five
+    want = {"crunch": 0.5, "digest": 0.3, "guarded": 0.195, "nap": 0.004, "wait": 0.001}
+    assert score_shares(want, {"crunch": 0.5, "digest": 0.3, "guarded": 0.2})["top5"] == 1.0
+    assert score_shares(want, {"crunch": 0.5, "digest": 0.3, "nap": 0.2})["top5"] == pytest.approx(2 / 3)
