@@ -94,7 +94,6 @@ def main() -> None:
 
     agent = Agent(args.monitor, args.budget, proflets=tuple(args.proflets.split(",")))
     agent.start()
-    ends: list[float] = []
     warm = time.perf_counter() + 5
     t_start = warm
     end = t_start + args.seconds
@@ -250,8 +249,8 @@ def rate_losses(
 ) -> dict[str, dict[str, float]]:
     """Seconds of work lost per class of time, from all threads' units per 10-ms bin.
 
-    Each bin is classed: the EDGE_S after a start, stop or report began (the
-    first that applies), inside a burst (by kind), or plain. A bin's loss is
+    Each bin is classed: the EDGE_S after a burst's start began, else after a
+    stop, else after a report, else inside a burst (by kind), else plain. A bin's loss is
     its length times one minus its units over the mean units of the plain
     bins within a second of it: the machine's speed drifts too much here for
     a run-wide baseline. Charged against nothing: burst_timeline's other

@@ -93,10 +93,10 @@ TOOLS = (
     "yappi-cpu",
 )
 STABLE_PROGRAM = "spread"
-#: The runs that do no work (flat, no rounds): each tool's start-up and shut-down CPU.
-STARTUP = "(start-up)"
 STABLE_LENGTHS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 QUICK_STABLE_LENGTHS = (0.5, 1.0, 2.0, 4.0)
+#: The runs that do no work (flat, no rounds): each tool's start-up and shut-down CPU.
+STARTUP = "(start-up)"
 #: One run's limit: a tool that slows a 4-s program 100 times is reported as failed, not waited for.
 RUN_TIMEOUT_S = 600
 
@@ -290,11 +290,12 @@ def command(tool: str, python: str, program_args: list[str], out: Path) -> list[
     if tool.startswith("py-spy"):
         extra = ["--nonblocking"] if tool.endswith("nonblocking") else []
         return [_bin("py-spy", python), "record", "-r", "100", "-f", "raw", "-o", str(out), *extra, "--", *target]
+    # the in-process profilers run the script themselves: python -m TOOL ... truth.py ARGS
     if tool == "pyinstrument":
-        return [python, "-m", "pyinstrument", "-r", "pyisession", "-o", str(out), str(TRUTH), *program_args]
+        return [python, "-m", "pyinstrument", "-r", "pyisession", "-o", str(out), *target[1:]]
     if tool.startswith("yappi-"):
         clock = tool.split("-", 1)[1]
-        return [python, "-m", "yappi", "-c", clock, "-f", "pstat", "-o", str(out), str(TRUTH), *program_args]
+        return [python, "-m", "yappi", "-c", clock, "-f", "pstat", "-o", str(out), *target[1:]]
     raise ValueError(f"unknown tool {tool!r}: give some of {', '.join(TOOLS)}")
 
 
@@ -431,7 +432,7 @@ def fmt(x: Any, spec: str) -> str:
 
 def print_tables(result: dict[str, Any]) -> None:
     s = result["summary"]
-    tools = [t for t in result["settings"]["tools"]]
+    tools = result["settings"]["tools"]
     m = result["machine"]
     print(
         f"\ndyper compare: {result['settings']['repeats']} interleaved repeats, programs of about "

@@ -49,35 +49,33 @@ def record(name: str, t0: float) -> None:
 
 
 class Pace:
-    """Whether another round may start: a count of rounds or a deadline."""
+    """Whether another round may start: a count of rounds, a deadline (perf_counter), or both."""
 
-    def __init__(self, rounds: int | None, seconds: float | None) -> None:
-        self.rounds, self.deadline, self.done = rounds, None, 0
-        if seconds is not None:
-            self.deadline = time.perf_counter() + seconds
+    def __init__(self, rounds: int | None, deadline: float | None) -> None:
+        self.rounds, self.deadline, self.done = rounds, deadline, 0
         self._lock = threading.Lock()
 
+    def _open(self) -> bool:
+        if self.rounds is not None and self.done >= self.rounds:
+            return False
+        return self.deadline is None or time.perf_counter() < self.deadline
+
     def next(self) -> bool:
+        """Start a round if one may start."""
         with self._lock:
-            if self.rounds is not None and self.done >= self.rounds:
-                return False
-            if self.deadline is not None and time.perf_counter() >= self.deadline:
+            if not self._open():
                 return False
             self.done += 1
             return True
 
+    def running(self) -> bool:
+        """Whether rounds may still be started."""
+        with self._lock:
+            return self._open()
+
     def fork(self) -> Pace:
         """A pace of its own for one thread: the same count of rounds, the same deadline."""
-        child = Pace(self.rounds, None)
-        child.deadline = self.deadline
-        return child
-
-    def running(self) -> bool:
-        """Whether rounds may still be started (the count not reached, the deadline not passed)."""
-        with self._lock:
-            if self.rounds is not None and self.done >= self.rounds:
-                return False
-            return self.deadline is None or time.perf_counter() < self.deadline
+        return Pace(self.rounds, self.deadline)
 
 
 # --- flat: six functions side by side, no callees -------------------------------------
@@ -597,7 +595,7 @@ def main() -> None:
     group.add_argument("--seconds", type=float)
     ap.add_argument("out")
     args = ap.parse_args()
-    pace = Pace(args.rounds, args.seconds)
+    pace = Pace(args.rounds, None if args.seconds is None else time.perf_counter() + args.seconds)
     w0, c0 = time.perf_counter(), time.process_time()
     PROGRAMS[args.program](pace)
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
