@@ -1591,7 +1591,7 @@ class Agent:
             # a second's budget at 1%) spent what had accrued, and neither passes
             # nor samples ran again.
             wait = self.guard.wait_needed(now, self._poll_cost_s.get(name, 0.0) + self.wake_cost_s)
-            if wait > 0:
+            if wait > 0 and not collector.POLL_IN_DEBT:
                 self._next_poll[name] = now + max(wait, self._poll_delay.get(name, FIRST_POLL_WAIT_S))
                 continue
             t0 = _cost_clock()

@@ -89,6 +89,11 @@ class Collector:
     #: True: the agent counts active threads per sample for the report hook
     #: (ReportContext.activity)
     WANTS_ACTIVITY: ClassVar[bool] = False
+    #: True: a poll pass runs even when the budget is in debt, because passes
+    #: cut a standing cost (the memory proflet unhooking its GC callback);
+    #: still charged as sampling. Waiting for money there would leave the
+    #: dearer hook on, deepening the debt that made it wait.
+    POLL_IN_DEBT: ClassVar[bool] = False
 
     def sampled(self, n: int, counts: Mapping[tuple[int, tuple[int, ...]], int]) -> None:
         """``n`` more samples were added to the window's ``counts``. Charged as sampling: keep it cheap."""

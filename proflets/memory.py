@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 import os
 import sys
 import time
@@ -67,6 +68,20 @@ CALLBACK_COST_MARGIN = 1.25
 DYPER = "(dyper)"
 NO_FRAME = "(no Python frame)"
 OTHER = "(other sites)"
+UNWATCHED = "(not watched)"
+
+#: Share of the budget the GC callback may cost the application (see GcWatch);
+#: the rest is for sampling and bursts.
+BASIC_SHARE = 0.25
+#: Share of the budget the passes that turn it on and off may cost, with their wake-ups.
+PASS_SHARE = 0.1
+#: The least share of the time the GC callback watches, and the shortest cycle it is a share of.
+MIN_DUTY = 0.01
+WATCH_CYCLE_S = 1.0
+#: The first watch, which measures what watching costs before the first cycle is planned.
+FIRST_WATCH_S = 0.1
+#: The shortest watch: a few young collections of allocation-heavy code.
+MIN_WATCH_S = 0.01
 
 
 def rss_bytes() -> int:
@@ -82,14 +97,16 @@ def rss_bytes() -> int:
 # --- agent half: the basic analysis -----------------------------------------------------
 
 
-def gc_callback(sites: dict[Any, list[float]], own: tuple[str, ...]) -> tuple[Callable[[str, Any], None], list[Any]]:
+def gc_callback(own: tuple[str, ...]) -> tuple[Callable[[str, Any], None], list[Any]]:
     """A ``gc.callbacks`` callback charging each collection's pause to the line that triggered it.
 
-    ``sites``: (code, line, file) or one of DYPER, NO_FRAME, OTHER -> [gen0, gen1,
-    gen2 collections, seconds paused]. Returns the callback and its state:
-    [key of the collection in progress, its start, collections seen].
+    Returns the callback and its state: [key of the collection in progress,
+    its start, collections seen, table]. The table maps (code, line, file)
+    or one of DYPER, NO_FRAME, OTHER to [gen0, gen1, gen2 collections, and
+    the seconds paused in each generation]; whoever reads it swaps in a
+    new one (``state[3] = {}``), so the callback never waits for a reader.
     """
-    state: list[Any] = [None, 0.0, 0]
+    state: list[Any] = [None, 0.0, 0, {}]
     getframe = sys._getframe
     clock = time.perf_counter
 
@@ -113,15 +130,17 @@ def gc_callback(sites: dict[Any, list[float]], own: tuple[str, ...]) -> tuple[Ca
             if key is None:  # installed while a collection ran: its start was not seen
                 return
             state[0] = None
+            sites = state[3]
             row = sites.get(key)
             if row is None:
                 if len(sites) >= MAX_GC_SITES:
                     key = OTHER
                     row = sites.get(key)
                 if row is None:
-                    row = sites[key] = [0, 0, 0, 0.0]
-            row[info["generation"]] += 1
-            row[3] += pause
+                    row = sites[key] = [0, 0, 0, 0.0, 0.0, 0.0]
+            generation = info["generation"]
+            row[generation] += 1
+            row[3 + generation] += pause
             state[2] += 1
         except Exception:  # nothing may reach the collection: it would print as unraisable
             pass
@@ -142,8 +161,7 @@ def calibrate_callback() -> float:
     difference includes the info dict the collector builds only when there
     are callbacks.
     """
-    scratch: dict[Any, list[float]] = {}
-    callback, _ = gc_callback(scratch, ())
+    callback, _ = gc_callback(())
     n = 200
 
     def unhook() -> None:
@@ -161,11 +179,28 @@ def _site_of(key: Any) -> tuple[str, int, str]:
     return (file, int(line or 0), code.co_qualname)
 
 
+def _collections() -> list[int]:
+    return [int(s["collections"]) for s in gc.get_stats()][:3]
+
+
 class GcWatch:
     """Collections, pauses and the sites that triggered them, since it was installed.
 
     Cumulative, so a report that never arrives loses nothing of the totals;
     a site's row is sent when it changed since the last report.
+
+    The callback costs the collecting thread 3 to 5 us a collection (most of
+    it the interpreter's call and info dict), and allocation-heavy code
+    collects its young generation a thousand times a second or more: 0.3 to
+    0.6% of the time, past a budget of 1%. So the watch keeps to a share
+    of the budget (BASIC_SHARE): when watching all the time would cost
+    more, it watches for part of every cycle (:meth:`pace`, from the
+    agent's thread) and extrapolates what it saw, generation by
+    generation, to the collections ``gc.get_stats`` counted meanwhile
+    (exact whether watched or not): a ratio estimate, since collections are
+    no likelier in one part of a cycle than another. Collections of a
+    generation none of whose were watched in a cycle are put on one row
+    (UNWATCHED), at the mean pause seen for that generation.
     """
 
     def __init__(self) -> None:
@@ -173,29 +208,129 @@ class GcWatch:
         self.callback_cost_s = calibrate_callback()
         # After the calibration, whose collections are ours.
         self._base = [(s["collections"], s["collected"], s["uncollectable"]) for s in gc.get_stats()]
-        self._sites: dict[Any, list[float]] = {}
-        self._callback, self._state = gc_callback(self._sites, OWN_DIRS)
+        #: site -> [gen0, gen1, gen2 collections, seconds paused], all collections (extrapolated when partly watched)
+        self._sites: dict[tuple[str, int, str], list[float]] = {}
+        self._callback, self._state = gc_callback(OWN_DIRS)
         self._sent: dict[tuple[str, int, str], tuple[float, ...]] = {}
+        #: share of the time watched, planned (1: all the time)
+        self.duty = 1.0
+        self.watching = True
+        #: collections per generation when the table was last folded in, and whether all were watched since
+        self._at_fold = _collections()
+        self._whole = True
+        #: collections watched and their pauses, per generation (mean pauses for the unwatched)
+        self._seen = [0, 0, 0]
+        self._seen_pause = [0.0, 0.0, 0.0]
+        #: seconds watched before the current watch, the current one's start, and callbacks then
+        self._watched_s = 0.0
+        self._on_since = time.perf_counter()
+        self._callbacks_at = 0
+        #: the callback's cost per second watched (moving average; None: not measured yet)
+        self._rate: float | None = None
+        #: what a call of pace() costs (moving average), and the cycle that pays for it
+        self._pass_s = 0.0
+        self._cycle_s = WATCH_CYCLE_S
         gc.callbacks.append(self._callback)
 
+    def _fold(self) -> None:
+        """Add what the callback saw since the last fold to the totals, extrapolated if not all was watched."""
+        state = self._state
+        pending, state[3] = state[3], {}
+        now = _collections()
+        totals = [a - b for a, b in zip(now, self._at_fold, strict=True)]
+        self._at_fold = now
+        whole, self._whole = self._whole, self.watching
+        seen = [0, 0, 0]
+        for row in pending.values():
+            for g in range(3):
+                seen[g] += row[g]
+                self._seen_pause[g] += row[3 + g]
+        for g in range(3):
+            self._seen[g] += seen[g]
+        # Watched all along: exact, as counted (a collection running while the
+        # watch was installed is the only one missed).
+        factors: list[float] = [1, 1, 1] if whole else [t / n if n else 0.0 for t, n in zip(totals, seen, strict=True)]
+        for key, row in pending.items():
+            total = self._row(_site_of(key))
+            for g in range(3):
+                total[g] += row[g] * factors[g]
+                total[3] += row[3 + g] * factors[g]
+        if not whole:
+            for g in range(3):
+                if seen[g] == 0 and totals[g] > 0:
+                    total = self._row(("", 0, UNWATCHED))
+                    total[g] += totals[g]
+                    total[3] += totals[g] * (self._seen_pause[g] / self._seen[g] if self._seen[g] else 0.0)
+
+    def _row(self, site: tuple[str, int, str]) -> list[float]:
+        row = self._sites.get(site)
+        if row is None:
+            if len(self._sites) >= MAX_GC_SITES:
+                site = ("", 0, OTHER)
+                row = self._sites.get(site)
+            if row is None:
+                row = self._sites[site] = [0, 0, 0, 0.0]
+        return row
+
+    def pace(self, budget: float, wake_s: float = 0.0) -> float:
+        """Watch or stop watching, to keep the callback within BASIC_SHARE of ``budget``; seconds to the next call.
+
+        ``wake_s``: what waking the agent's thread for a call costs. Two calls a
+        cycle, each with its wake-up, may cost PASS_SHARE of the budget: at
+        0.1% on this VM a cycle is about five seconds, at 1% one.
+        """
+        now = time.perf_counter()
+        try:
+            return self._pace(now, budget)
+        finally:
+            took = time.perf_counter() - now
+            self._pass_s += 0.3 * (took - self._pass_s)
+            self._cycle_s = max(WATCH_CYCLE_S, 2 * (self._pass_s + wake_s) / (PASS_SHARE * budget or 1e-9))
+
+    def _pace(self, now: float, budget: float) -> float:
+        if self.watching:
+            on_s = now - self._on_since
+            callbacks = int(self._state[2])
+            seen = callbacks - self._callbacks_at
+            if on_s >= FIRST_WATCH_S or (seen and on_s > 0):
+                rate = seen * self.callback_cost_s / on_s
+                self._rate = rate if self._rate is None else self._rate + 0.3 * (rate - self._rate)
+            allowed = BASIC_SHARE * budget
+            self.duty = 1.0 if not self._rate or self._rate <= allowed else max(MIN_DUTY, allowed / self._rate)
+            if self.duty >= 1.0:
+                # Measured afresh each cycle: the application may start collecting more.
+                self._watched_s += on_s
+                self._on_since, self._callbacks_at = now, callbacks
+                return self._cycle_s if self._rate is not None else FIRST_WATCH_S
+            with contextlib.suppress(ValueError):
+                gc.callbacks.remove(self._callback)
+            self.watching = False
+            self._whole = False
+            self._watched_s += on_s
+            return max(0.0, self._cycle_s - on_s)
+        # A cycle is over: fold it in whole (its watched part is the sample of it), then watch again.
+        self._fold()
+        self._state[0] = None  # a start seen before the watch was removed is not this one's
+        self._on_since, self._callbacks_at = now, int(self._state[2])
+        self.watching = True
+        gc.callbacks.append(self._callback)
+        return max(MIN_WATCH_S, self.duty * self._cycle_s)
+
+    def watched_s(self) -> float:
+        """Seconds watched since installed."""
+        return self._watched_s + (time.perf_counter() - self._on_since if self.watching else 0.0)
+
     def read(self) -> dict[str, Any]:
+        self._fold()
         stats = gc.get_stats()
         gens = [
             [s["collections"] - b[0], s["collected"] - b[1], s["uncollectable"] - b[2]]
             for s, b in zip(stats, self._base, strict=False)
         ]
-        # A copy first: a collection in this thread or another may add a site while we read.
-        table = self._sites.copy()
-        by_site: dict[tuple[str, int, str], list[float]] = {}
         pause = 0.0
-        for key, row in table.items():
-            site = _site_of(key)
-            total = by_site.setdefault(site, [0, 0, 0, 0.0])
-            for i in range(4):
-                total[i] += row[i]
-            pause += row[3]
         changed = []
-        for site, total in by_site.items():
+        for site, total in self._sites.items():
+            pause += total[3]
             values = tuple(total)
             if self._sent.get(site) != values:
                 self._sent[site] = values
@@ -206,10 +341,13 @@ class GcWatch:
             "pause_s": pause,
             "callbacks": callbacks,
             "callback_s": callbacks * self.callback_cost_s,
+            "watched_s": self.watched_s(),
+            "duty": self.duty,
             "sites": changed,
         }
 
     def close(self) -> None:
+        self.watching = False
         with contextlib.suppress(ValueError):
             gc.callbacks.remove(self._callback)
 
@@ -523,6 +661,8 @@ class MemoryCollector(AllocationSites):
     ITVL_MS = 500.0
     PRTY = 0.3
     NFRAME = 1
+    # Its passes turn the GC callback off when watching all the time costs too much.
+    POLL_IN_DEBT = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -537,6 +677,10 @@ class MemoryCollector(AllocationSites):
         # the gc callback runs in the collecting thread: calibrated cost times callbacks
         watch = self._watch
         return int(watch._state[2]) * watch.callback_cost_s if watch is not None else 0.0
+
+    def poll(self, now: float, budget: float, wake_s: float) -> float:
+        # Watching collections is the one standing cost: kept to a share of the budget.
+        return self._watch.pace(budget, wake_s) if self._watch is not None else math.inf
 
     def report(self, ctx: ReportContext) -> dict[str, Any] | None:
         if self._watch is None:
@@ -687,6 +831,8 @@ class _Report:
     callback_s: float
     window_s: float
     sites: dict[GcSite, list[float]]
+    #: seconds the GC callback watched (None: an agent that watched all the time)
+    watched_s: float | None = None
 
 
 class MemoryAnalyzer(Analyzer):
@@ -698,6 +844,7 @@ class MemoryAnalyzer(Analyzer):
         self._seen_gc: list[int] | None = None
         self._seen_pause = 0.0
         self._seen_callback = 0.0
+        self._seen_watched = 0.0
         self._seen_sites: dict[GcSite, list[float]] = {}
         #: whole run
         self.collections = [0, 0, 0]
@@ -705,6 +852,8 @@ class MemoryAnalyzer(Analyzer):
         self.callback_s = 0.0
         self.callback_cost_s = 0.0
         self.seconds = 0.0
+        #: seconds the GC callback watched (reports from agents that watch all the time count whole)
+        self.watched_s = 0.0
         self.reports = 0
         self.gc_sites: dict[GcSite, list[float]] = {}
         self.rss_first: int | None = None
@@ -724,6 +873,7 @@ class MemoryAnalyzer(Analyzer):
             # A new collector (re-attached, or a new process under the same
             # session): its totals start from zero.
             self._seen_gc, self._seen_pause, self._seen_callback, self._seen_sites = [0, 0, 0], 0.0, 0.0, {}
+            self._seen_watched = 0.0
             seen = self._seen_gc
         delta_gc = [a - b for a, b in zip(gens, seen, strict=True)]
         sites: dict[GcSite, list[float]] = {}
@@ -738,6 +888,11 @@ class MemoryAnalyzer(Analyzer):
             self._seen_sites[site] = values
             if any(diff):
                 sites[site] = diff
+        watched = data.get("watched_s")
+        watched_s = None
+        if watched is not None:
+            watched_s = min(report.window_s, max(0.0, float(watched) - self._seen_watched))
+            self._seen_watched = float(watched)
         row_ = _Report(
             int(data.get("rss") or 0),
             delta_gc,
@@ -745,6 +900,7 @@ class MemoryAnalyzer(Analyzer):
             max(0.0, callback - self._seen_callback),
             report.window_s,
             sites,
+            watched_s,
         )
         self._seen_gc, self._seen_pause, self._seen_callback = gens, pause, callback
         self.callback_cost_s = float(data.get("callback_cost_s") or self.callback_cost_s)
@@ -755,6 +911,7 @@ class MemoryAnalyzer(Analyzer):
         self.pause_s += row_.pause_s
         self.callback_s += row_.callback_s
         self.seconds += report.window_s
+        self.watched_s += report.window_s if watched_s is None else watched_s
         _add_sites(self.gc_sites, sites)
         if row_.rss:
             if self.rss_first is None:
@@ -769,17 +926,24 @@ class MemoryAnalyzer(Analyzer):
         """The window's reports and their sum (rss: the last one's)."""
         if start is None and end is None:
             total = _Report(
-                self.rss_last or 0, list(self.collections), self.pause_s, self.callback_s, self.seconds, self.gc_sites
+                self.rss_last or 0,
+                list(self.collections),
+                self.pause_s,
+                self.callback_s,
+                self.seconds,
+                self.gc_sites,
+                self.watched_s,
             )
             return [r for _, r in self.rows], total
         rows: list[_Report] = self.window_rows(start, end)
-        total = _Report(0, [0, 0, 0], 0.0, 0.0, 0.0, {})
+        total = _Report(0, [0, 0, 0], 0.0, 0.0, 0.0, {}, 0.0)
         for r in rows:
             for i in range(3):
                 total.collections[i] += r.collections[i]
             total.pause_s += r.pause_s
             total.callback_s += r.callback_s
             total.window_s += r.window_s
+            total.watched_s = (total.watched_s or 0.0) + (r.window_s if r.watched_s is None else r.watched_s)
             _add_sites(total.sites, r.sites)
             total.rss = r.rss or total.rss
         return rows, total
@@ -812,8 +976,8 @@ class MemoryAnalyzer(Analyzer):
                         "file": k[0],
                         "line": k[1],
                         "function": k[2],
-                        "collections": int(sum(v[:3])),
-                        "generations": [int(x) for x in v[:3]],
+                        "collections": round(sum(v[:3])),
+                        "generations": [round(x) for x in v[:3]],
                         "pause_s": v[3],
                         "pause_pct": 100.0 * v[3] / app_pause if app_pause > 0 else 0.0,
                     }
@@ -824,6 +988,9 @@ class MemoryAnalyzer(Analyzer):
                 "callback_cost_s": total.callback_s,
                 "callback_s_per_collection": self.callback_cost_s,
                 "callback_pct": 100.0 * total.callback_s / seconds if seconds > 0 else 0.0,
+                # Under 100: the callback watched part of the time, to keep within the budget,
+                # and the pauses and sites are extrapolated from what it saw.
+                "watched_pct": min(100.0, 100.0 * (total.watched_s or 0.0) / seconds) if seconds > 0 else 100.0,
             },
             "sites": self.allocations.rows(seconds),
             **self.allocations.summary(),
@@ -887,6 +1054,7 @@ class MemoryAnalyzer(Analyzer):
             "callback_s": self.callback_s,
             "callback_cost_s": self.callback_cost_s,
             "seconds": self.seconds,
+            "watched_s": self.watched_s,
             "reports": self.reports,
             "gc_sites": [[*k, *v] for k, v in self.gc_sites.items()],
             "rss": [self.rss_first, self.rss_last, self.rss_max],
@@ -899,6 +1067,7 @@ class MemoryAnalyzer(Analyzer):
         self.callback_s = float(state.get("callback_s") or 0.0)
         self.callback_cost_s = float(state.get("callback_cost_s") or 0.0)
         self.seconds = float(state.get("seconds") or 0.0)
+        self.watched_s = float(state.get("watched_s", self.seconds))
         self.reports = int(state.get("reports") or 0)
         self.gc_sites = {
             (str(r[0]), int(r[1]), str(r[2])): [float(x) for x in r[3:7]] for r in state.get("gc_sites") or ()

@@ -397,6 +397,12 @@ def _memory(console: Console, name: str, section: dict[str, Any], limit: int) ->
             f" (generations 0 / 1 / 2); GC paused {_num(gc.get('pause_total_s'), '{:.3f}')} s,"
             f" {_pct(gc.get('pause_pct'))}% of the time"
         )
+        watched = gc.get("watched_pct")
+        if watched is not None and watched < 99.5:
+            console.print(
+                f"[dim]the GC callback watched {_pct(watched)}% of the time, to keep within the budget;"
+                " pauses and their lines are extrapolated from what it saw (collections are counted exactly)[/]"
+            )
         table = Table(title="memory: GC pauses by the line that triggered them", header_style="bold")
         for col in ("pause s", "pause %", "gen 0/1/2", "function", "where"):
             table.add_column(col, justify="left" if col in ("function", "where") else "right")

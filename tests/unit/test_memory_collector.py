@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import tracemalloc
 from collections.abc import Iterator
 from typing import Any
@@ -85,8 +86,79 @@ def test_the_gc_table_is_bounded(watch, monkeypatch):
     for i in range(3):
         exec(compile("import gc\n" * (i + 1) + "gc.collect(0)\n", f"<site {i}>", "exec"))
     forcing(1)
+    rows = _rows(watch.read())
     assert len(watch._sites) <= 3  # two sites and the row they all share past the bound
-    assert _rows(watch.read())[("", 0, memory.OTHER)][0] >= 1
+    assert rows[("", 0, memory.OTHER)][0] >= 1
+
+
+def _run_watched(watch: GcWatch, budget: float, seconds: float, rest_s: float = 0.0) -> list[int]:
+    """Collect young generations for ``seconds`` while the agent's passes pace the watch; collections made."""
+    before = memory._collections()
+    clock = time.perf_counter
+    next_pass = clock()
+    end = next_pass + seconds
+    while clock() < end:
+        if clock() >= next_pass:
+            next_pass = clock() + watch.pace(budget)
+        memory_churn()
+        if rest_s:
+            time.sleep(rest_s)
+    return [a - b for a, b in zip(memory._collections(), before, strict=True)]
+
+
+def memory_churn() -> None:
+    for _ in range(20):
+        gc.collect(0)  # the churning line
+
+
+def test_a_watch_too_dear_for_the_budget_watches_part_of_the_time_and_extrapolates(watch):
+    # About 15,000 young collections a second (20, then a rest of a millisecond):
+    # watched all along, the callback would cost several percent, against the
+    # quarter of 1% it may. After its first watch (a tenth of a second, to
+    # measure), it watches a few percent of each second.
+    made = _run_watched(watch, budget=0.01, seconds=1.0, rest_s=0.001)
+    callbacks0, watched0 = watch.read()["callbacks"], watch.watched_s()
+    more = _run_watched(watch, budget=0.01, seconds=3.0, rest_s=0.001)
+    data = watch.read()
+    assert 0 < watch.duty < 0.2, watch.duty
+    assert 0.01 * 3.0 < data["watched_s"] - watched0 < 0.3 * 3.0, data["watched_s"]
+    cost_rate = (data["callbacks"] - callbacks0) * watch.callback_cost_s / 3.0
+    assert cost_rate < 2 * memory.BASIC_SHARE * 0.01, (cost_rate, data["callbacks"])
+    # What it saw is scaled to every collection gc.get_stats counted: the line
+    # that collects has about all of them, though few were watched.
+    made = [a + b for a, b in zip(made, more, strict=True)]
+    line = memory_churn.__code__.co_firstlineno + 2
+    churn = _rows(data)[(__file__, line, "memory_churn")]
+    assert data["callbacks"] < 0.3 * made[0]
+    assert churn[0] == pytest.approx(made[0], rel=0.1), (churn, made)
+    assert churn[3] > 0 and data["pause_s"] >= churn[3]
+
+
+def test_a_watch_within_the_budget_watches_all_the_time_and_counts_exactly(watch):
+    # About a thousand young collections a second, at 1%: a few tenths of a percent
+    # (20 collections, then a rest of 20 ms), within a quarter of 10%.
+    made = _run_watched(watch, budget=0.1, seconds=1.5, rest_s=0.02)
+    data = watch.read()
+    assert watch.duty == 1.0 and watch.watching
+    assert data["watched_s"] >= 1.4
+    line = memory_churn.__code__.co_firstlineno + 2
+    churn = _rows(data)[(__file__, line, "memory_churn")]
+    assert isinstance(churn[0], int) and made[0] - 2 <= churn[0] <= made[0], (churn, made)
+
+
+def test_a_start_seen_before_the_watch_went_off_is_not_timed_when_it_comes_back(watch):
+    # Off while a collection ran (its stop never seen), then on again much later:
+    # that old start must not make a pause as long as the gap.
+    watch._state[0] = memory.NO_FRAME
+    watch._state[1] = time.perf_counter() - 60.0
+    watch.duty = 0.5
+    watch._rate = 1.0  # far past any budget: the next pass stops watching
+    watch.pace(0.01)
+    assert not watch.watching and watch._callback not in gc.callbacks
+    watch.pace(0.01)
+    assert watch.watching and watch._callback in gc.callbacks
+    forcing(1)
+    assert watch.read()["pause_s"] < 1.0
 
 
 def allocate(n: int) -> list[str]:
