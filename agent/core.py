@@ -1750,8 +1750,10 @@ class Agent:
             body["triggers"] = self._events[-MAX_PENDING_MARKS:]
         if self._on_report:
             body["data"] = self._collector_data(now - self._window_start)
-            # with the always-on hooks' cost, charged just now
+            # with the always-on hooks' cost, charged just now: in the ledger's
+            # lines and in its total, or the last report's overhead would miss it
             body["costs"] = dict(self._window_costs)
+            body["spent_s"] = self.guard.spent_s
         sent = self._send(sock, protocol.REPORT, body)
         if sent:
             self._cool()

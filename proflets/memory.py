@@ -294,7 +294,12 @@ class GcWatch:
             seen = callbacks - self._callbacks_at
             if on_s >= FIRST_WATCH_S or (seen and on_s > 0):
                 rate = seen * self.callback_cost_s / on_s
-                self._rate = rate if self._rate is None else self._rate + 0.3 * (rate - self._rate)
+                # Up at once, down slowly: a first watch during start-up sees few
+                # collections, and averaging up from there overspent for ten cycles.
+                if self._rate is None or rate > self._rate:
+                    self._rate = rate
+                else:
+                    self._rate += 0.3 * (rate - self._rate)
             allowed = BASIC_SHARE * budget
             self.duty = 1.0 if not self._rate or self._rate <= allowed else max(MIN_DUTY, allowed / self._rate)
             if self.duty >= 1.0:

@@ -146,6 +146,22 @@ def test_a_watch_within_the_budget_watches_all_the_time_and_counts_exactly(watch
     assert isinstance(churn[0], int) and made[0] - 2 <= churn[0] <= made[0], (churn, made)
 
 
+def test_a_watch_cuts_its_duty_at_once_when_collections_grow(watch):
+    # A quiet first watch (start-up) must not leave it watching all of the next
+    # cycles while an average climbs: the next pass sees the dearer rate whole.
+    _run_watched(watch, budget=0.01, seconds=0.3, rest_s=0.05)  # a few collections a second
+    assert watch.duty == 1.0
+    watch._on_since -= 1.0  # as if the cycle were over: the next pass measures now
+    watch._callbacks_at = int(watch._state[2])
+    for _ in range(300):
+        memory_churn()  # 6,000 young collections in well under a second
+    seen = int(watch._state[2]) - watch._callbacks_at
+    rate = seen * watch.callback_cost_s / (time.perf_counter() - watch._on_since)
+    assert rate > 2 * memory.BASIC_SHARE * 0.01  # dear enough that the duty must drop
+    watch.pace(0.01)
+    assert watch.duty == pytest.approx(memory.BASIC_SHARE * 0.01 / rate, rel=0.05), (watch.duty, rate)
+
+
 def test_a_start_seen_before_the_watch_went_off_is_not_timed_when_it_comes_back(watch):
     # Off while a collection ran (its stop never seen), then on again much later:
     # that old start must not make a pause as long as the gap.
