@@ -970,14 +970,23 @@ class Agent:
                 self.ticker = False
                 self._ticker_paused = True
             self.paused = True
+            self._pause_collectors(True)
             self.mark("pause", "pause")
         else:
             self.paused = False
+            self._pause_collectors(False)
             if self._ticker_paused:
                 self._ticker_paused = False
                 self._start_ticker()
             self._detail_at = -math.inf
             self.mark("resume", "resume")
+
+    def _pause_collectors(self, paused: bool) -> None:
+        for name, collector in list(self.collectors.items()):
+            try:
+                self._call(name, collector.pause, paused)
+            except Exception as exc:
+                self._switch_off(name, exc)
 
     def _under_ceiling(self, budget: float) -> float:
         return min(budget, self.ceiling) if self.ceiling is not None else budget

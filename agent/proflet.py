@@ -114,6 +114,14 @@ class Collector:
         """Data for this window's report (plain msgpack-able data), or None for nothing."""
         return None
 
+    def pause(self, paused: bool) -> None:
+        """The agent paused (``paused``) or resumed.
+
+        A paused agent runs nothing in the application's threads: take out any
+        hook that does (a ``gc.callbacks`` entry, say). Passes do not run while
+        paused, so the first after the resume may put it back.
+        """
+
     def basic_cost_s(self) -> float:
         """Seconds this collector's always-on hooks have cost the application's threads so far.
 

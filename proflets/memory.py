@@ -321,6 +321,15 @@ class GcWatch:
         gc.callbacks.append(self._callback)
         return max(MIN_WATCH_S, self.duty * self._cycle_s)
 
+    def suspend(self) -> None:
+        """Stop watching until the next pass (the agent paused); what was seen is scaled as for any cycle."""
+        if self.watching:
+            with contextlib.suppress(ValueError):
+                gc.callbacks.remove(self._callback)
+            self.watching = False
+            self._whole = False
+            self._watched_s += time.perf_counter() - self._on_since
+
     def watched_s(self) -> float:
         """Seconds watched since installed."""
         return self._watched_s + (time.perf_counter() - self._on_since if self.watching else 0.0)
@@ -686,6 +695,11 @@ class MemoryCollector(AllocationSites):
     def poll(self, now: float, budget: float, wake_s: float) -> float:
         # Watching collections is the one standing cost: kept to a share of the budget.
         return self._watch.pace(budget, wake_s) if self._watch is not None else math.inf
+
+    def pause(self, paused: bool) -> None:
+        # Paused, nothing of ours runs in the application's threads: the callback neither.
+        if paused and self._watch is not None:
+            self._watch.suspend()
 
     def report(self, ctx: ReportContext) -> dict[str, Any] | None:
         if self._watch is None:

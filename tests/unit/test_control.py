@@ -106,6 +106,35 @@ def test_a_paused_agent_takes_no_samples_says_so_and_takes_them_again_on_resume(
     assert ("resume", "resume") in _marks(monitor.reports)
 
 
+def test_a_paused_agent_takes_its_gc_callback_out_and_puts_it_back_on_resume():
+    # The memory proflet's callback runs in whichever thread collects: paused,
+    # nothing of ours may run in the application's threads.
+    import gc
+
+    from proflets.memory import MemoryCollector
+
+    monitor = Monitor()
+    memory = MemoryCollector()
+    a = Agent(monitor.endpoint, 0.05, proflets=(memory,))
+    a.start()
+    try:
+        watch = memory._watch
+        assert watch is not None
+        monitor.until("the first report", lambda: bool(monitor.reports))
+        a.pause()
+        monitor.until("a report saying paused", lambda: any(r.get("paused") for r in monitor.reports))
+        assert watch._callback not in gc.callbacks and not watch.watching
+        watched = watch.watched_s()
+        monitor.pump(1.0)
+        assert watch.watched_s() == watched and watch._callback not in gc.callbacks  # no pass put it back
+        a.resume()
+        monitor.until("the watch back", lambda: watch._callback in gc.callbacks)
+    finally:
+        a.stop()
+        monitor.close()
+    assert memory._watch is None or memory._watch._callback not in gc.callbacks
+
+
 def test_the_monitor_pauses_and_resets_through_configure(rig):
     a, monitor = rig
     monitor.until("a report", lambda: bool(monitor.reports))

@@ -162,6 +162,23 @@ def test_a_watch_cuts_its_duty_at_once_when_collections_grow(watch):
     assert watch.duty == pytest.approx(memory.BASIC_SHARE * 0.01 / rate, rel=0.05), (watch.duty, rate)
 
 
+def test_a_suspended_watch_sees_nothing_and_counts_the_collections_it_missed_as_not_watched(watch):
+    forcing(1)
+    watch.suspend()
+    assert not watch.watching and watch._callback not in gc.callbacks
+    watched = watch.watched_s()
+    before = watch.read()
+    for _ in range(5):
+        gc.collect(0)
+    after = watch.read()
+    assert after["callbacks"] == before["callbacks"] and watch.watched_s() == watched
+    # Counted exactly all the same, on the row of what was not watched
+    assert after["gc"][0][0] - before["gc"][0][0] >= 5
+    assert _rows(after)[("", 0, memory.UNWATCHED)][0] >= 5
+    watch.pace(0.01)  # the next pass after the resume watches again
+    assert watch.watching and watch._callback in gc.callbacks
+
+
 def test_a_start_seen_before_the_watch_went_off_is_not_timed_when_it_comes_back(watch):
     # Off while a collection ran (its stop never seen), then on again much later:
     # that old start must not make a pause as long as the gap.
