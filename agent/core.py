@@ -983,6 +983,8 @@ class Agent:
 
     def _pause_collectors(self, paused: bool) -> None:
         for name, collector in list(self.collectors.items()):
+            if type(collector).pause is Collector.pause:
+                continue  # hooks not overridden are never called
             try:
                 self._call(name, collector.pause, paused)
             except Exception as exc:

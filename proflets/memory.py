@@ -307,11 +307,7 @@ class GcWatch:
                 self._watched_s += on_s
                 self._on_since, self._callbacks_at = now, callbacks
                 return self._cycle_s if self._rate is not None else FIRST_WATCH_S
-            with contextlib.suppress(ValueError):
-                gc.callbacks.remove(self._callback)
-            self.watching = False
-            self._whole = False
-            self._watched_s += on_s
+            self._unwatch(now)
             return max(0.0, self._cycle_s - on_s)
         # A cycle is over: fold it in whole (its watched part is the sample of it), then watch again.
         self._fold()
@@ -321,14 +317,18 @@ class GcWatch:
         gc.callbacks.append(self._callback)
         return max(MIN_WATCH_S, self.duty * self._cycle_s)
 
+    def _unwatch(self, now: float) -> None:
+        """Take the callback out until the next pass; what it saw is scaled up at the next fold."""
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(self._callback)
+        self.watching = False
+        self._whole = False
+        self._watched_s += now - self._on_since
+
     def suspend(self) -> None:
-        """Stop watching until the next pass (the agent paused); what was seen is scaled as for any cycle."""
+        """Stop watching until the next pass (the agent paused)."""
         if self.watching:
-            with contextlib.suppress(ValueError):
-                gc.callbacks.remove(self._callback)
-            self.watching = False
-            self._whole = False
-            self._watched_s += time.perf_counter() - self._on_since
+            self._unwatch(time.perf_counter())
 
     def watched_s(self) -> float:
         """Seconds watched since installed."""
