@@ -50,7 +50,7 @@ setup(
     cmdclass=cmdclass,
     ext_modules=[
         Extension(
-            "agent._fastsample",
+            "dyper.agent._fastsample",
             ["agent/_fastsample.c"],
             optional=True,
         )

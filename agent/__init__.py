@@ -1,21 +1,22 @@
 """dyper's agent: samples this process and streams reports to a dyper monitor.
 
-Usage from inside a program (or a container's entry point)::
+Usage from inside a program (or a container's entry point); ``dyper`` re-exports
+these functions::
 
-    import agent
-    agent.start(monitor="tcp://127.0.0.1:7341", budget="1%")
+    import dyper
+    dyper.start(monitor="tcp://127.0.0.1:7341", budget="1%")
     ...
-    agent.mark("cache warm")   # a labelled point on the timeline
-    agent.pause()              # no sampling, no detailing: costs nothing
-    agent.resume()
-    agent.reset()              # the whole-run profile starts afresh here
-    agent.boost("10%", 30)     # a higher budget for 30 s (never past start's ceiling)
-    agent.trigger("cpu > 80% for 10s")          # catch a transient: see agent.triggers
-    agent.trigger(lambda: queue.qsize() > 1000, name="backlog")
+    dyper.mark("cache warm")   # a labelled point on the timeline
+    dyper.pause()              # no sampling, no detailing: costs nothing
+    dyper.resume()
+    dyper.reset()              # the whole-run profile starts afresh here
+    dyper.boost("10%", 30)     # a higher budget for 30 s (never past start's ceiling)
+    dyper.trigger("cpu > 80% for 10s")          # catch a transient: see dyper.agent.triggers
+    dyper.trigger(lambda: queue.qsize() > 1000, name="backlog")
 
-    @agent.tag("checkout")     # samples taken inside carry the tag: profiles split by it
+    @dyper.tag("checkout")     # samples taken inside carry the tag: profiles split by it
     def checkout(request): ...
-    agent.stop()               # leaves the process as it was
+    dyper.stop()               # leaves the process as it was
 
 Each of these does nothing when no agent runs, so a program may call them
 whether or not it is being profiled.
@@ -38,7 +39,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
-    from agent.core import Agent
+    from dyper.agent.core import Agent
 
 __all__ = [
     "DEFAULT_MONITOR",
@@ -181,7 +182,7 @@ def start(
     list of either; see :mod:`agent.triggers`. A bad one raises ValueError here.
     Thread-safe and idempotent.
     """
-    from agent.protocol import parse_budget
+    from dyper.agent.protocol import parse_budget
 
     # In the caller's thread: a bad key file is an error from start(), not a crash later.
     curve = load_keys(
@@ -198,7 +199,7 @@ def start(
 
 def _trigger_specs(triggers: tuple[Any, ...] | list[Any] | None) -> tuple[Any, ...]:
     """Triggers as given, or from $DYPER_TRIGGERS (JSON), checked; raises ValueError."""
-    from agent.triggers import TriggerSpec, parse_trigger
+    from dyper.agent.triggers import TriggerSpec, parse_trigger
 
     if triggers is None:
         raw = os.environ.get("DYPER_TRIGGERS")
@@ -237,7 +238,7 @@ def _start(
         if _agent is not None and _agent.alive and _agent.pid == os.getpid():
             _agent.set_budget(fraction)
             return _agent.agent_id
-        from agent.core import Agent
+        from dyper.agent.core import Agent
 
         if proflets is None and "DYPER_PROFLETS" in os.environ:
             # e.g. DYPER_PROFLETS="" for sampling only, "cpu" for the cpu proflet's detailing
@@ -280,7 +281,7 @@ def agent_id() -> str | None:
 
 def set_budget(budget: float | str) -> None:
     """Change the budget live (bounded by the ceiling given at start)."""
-    from agent.protocol import parse_budget
+    from dyper.agent.protocol import parse_budget
 
     current = _agent
     if current is not None:
@@ -324,7 +325,7 @@ def boost(budget: float | str, seconds: float) -> None:
     ``$DYPER_CEILING``). Raises ValueError for a budget out of range or
     seconds outside (0, 3600].
     """
-    from agent.protocol import parse_budget
+    from dyper.agent.protocol import parse_budget
 
     fraction = parse_budget(budget)
     if not 0 < seconds <= MAX_BOOST_S:
@@ -355,7 +356,7 @@ def trigger(
     """
     import dataclasses
 
-    from agent.triggers import TriggerSpec, parse_options, parse_trigger
+    from dyper.agent.triggers import TriggerSpec, parse_options, parse_trigger
 
     settings = {"before": before, "after": after, "budget": budget}
     if callable(condition):
@@ -393,7 +394,7 @@ def tag(name: str) -> Callable[[_F], _F]:
     import functools
     import inspect
 
-    from agent.protocol import TAG_FILE, TAG_PREFIX
+    from dyper.agent.protocol import TAG_FILE, TAG_PREFIX
 
     label = TAG_PREFIX + str(name)[:MAX_TAG_CHARS]
 
@@ -467,7 +468,7 @@ def _after_fork_in_child() -> None:
     _lock = threading.Lock()
     _agent = None
     if parent is not None:
-        fast = sys.modules.get("agent._fastsample")
+        fast = sys.modules.get("dyper.agent._fastsample")
         if fast is not None and hasattr(fast, "frame_hook_stop"):
             # 3.11: a cpu burst the parent was in when it forked; its counts are the parent's.
             with contextlib.suppress(Exception):

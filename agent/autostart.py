@@ -27,7 +27,7 @@ def run() -> None:
     if not os.environ.get("DYPER_MONITOR") or os.environ.get("DYPER_AUTOSTART", "1") == "0" or _is_dyper_cli():
         return
     try:
-        import agent
+        from dyper import agent
 
         agent.start()
     except Exception as exc:  # the program must run even if profiling cannot
@@ -44,9 +44,9 @@ def run() -> None:
 
 
 def _is_dyper_cli() -> bool:
-    """The ``dyper`` command itself (``dyper ...`` or ``python -m monitor ...``): not what the user profiles."""
+    """The ``dyper`` command itself (``dyper ...``, ``python -m dyper ...``): not what the user profiles."""
     argv = getattr(sys, "orig_argv", None) or getattr(sys, "argv", None) or []
     script = os.path.basename(sys.argv[0]) if getattr(sys, "argv", None) else ""
     if script in ("dyper", "dyper.exe"):
         return True
-    return any(a == "-m" and b == "monitor" for a, b in itertools.pairwise(argv))
+    return any(a == "-m" and b in ("dyper", "dyper.monitor") for a, b in itertools.pairwise(argv))

@@ -37,8 +37,8 @@ from typing import Any, Final, NoReturn, ParamSpec, TypeVar
 
 import zmq
 
-from agent import protocol
-from agent.budget import (
+from dyper.agent import protocol
+from dyper.agent.budget import (
     MAX_DETAIL_DELAY_S,
     MAX_REPORT_DELAY_S,
     MAX_SAMPLE_DELAY_S,
@@ -51,14 +51,22 @@ from agent.budget import (
     cost,
     plan,
 )
-from agent.proflet import Collector, DetailContext, ReportContext
-from agent.schedule import CALIBRATION_ALPHA, BurstCost, DetailScheduler, calibrate, combine, fit_interval, share_time
-from agent.tables import UNDECIDED, WAITS, Tables, forget_decoded
-from agent.triggers import CHECK_S, DEFAULT_RAISED_MAX, Fired, Ring, Triggers, TriggerSpec
+from dyper.agent.proflet import Collector, DetailContext, ReportContext
+from dyper.agent.schedule import (
+    CALIBRATION_ALPHA,
+    BurstCost,
+    DetailScheduler,
+    calibrate,
+    combine,
+    fit_interval,
+    share_time,
+)
+from dyper.agent.tables import UNDECIDED, WAITS, Tables, forget_decoded
+from dyper.agent.triggers import CHECK_S, DEFAULT_RAISED_MAX, Fired, Ring, Triggers, TriggerSpec
 
 _fast: Any
 try:  # the optional C walker (agent/_fastsample.c); the pure-Python one is the reference
-    _fast = importlib.import_module("agent._fastsample")
+    _fast = importlib.import_module("dyper.agent._fastsample")
 except ImportError:  # not built for this interpreter
     _fast = None
 
@@ -324,7 +332,7 @@ def _load_collectors(names: tuple[str | Collector, ...] | None, off: dict[str, s
     A proflet that cannot be loaded goes into ``off`` with the reason; the
     others still run.
     """
-    import proflets  # lazy: the registry reads distribution metadata
+    from dyper import proflets  # lazy: the registry reads distribution metadata
 
     explicit = names is not None
     available = proflets.available(None if names is None else [n for n in names if isinstance(n, str)])

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 _read: Callable[[str, int], bytes] | None
 try:
-    _read = importlib.import_module("agent._fastsample").proc_read
+    _read = importlib.import_module("dyper.agent._fastsample").proc_read
 except (ImportError, AttributeError):  # not built for this interpreter, or not Linux
     _read = None
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from types import CodeType
 from typing import Any, ClassVar
 
-from agent.budget import ProfletCosts
+from dyper.agent.budget import ProfletCosts
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from agent.budget import ProfletCosts, cost
+from dyper.agent.budget import ProfletCosts, cost
 
 #: Weight of one burst's measurement in the running estimates of a proflet's
 #: OVHD and SLOW. High enough to correct a wrong declaration within a few

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from types import CodeType
 from typing import Final
 
-from agent.protocol import LOC_AGENT, LOC_BLOCKING, LOC_IO, LOC_LOCK, LOC_SLEEP, LOC_WAIT
+from dyper.agent.protocol import LOC_AGENT, LOC_BLOCKING, LOC_IO, LOC_LOCK, LOC_SLEEP, LOC_WAIT
 
 #: Directories of dyper's own packages: code there is the agent, not the application.
 _OWN_DIRS: Final = tuple(

@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final, Literal
 
-from agent.protocol import LOC_LOCK, parse_budget
+from dyper.agent.protocol import LOC_LOCK, parse_budget
 
 Kind = Literal["cpu", "rss", "rss_growth", "blocked", "mark", "predicate"]
 KINDS: Final = ("cpu", "rss", "rss_growth", "blocked", "mark", "predicate")
@@ -418,7 +418,7 @@ class Triggers:
 
     def _blocked(self, now: float, skip: frozenset[int]) -> tuple[float, str] | None:
         """The thread that has waited longest for a lock at one place: (seconds, in words); None if none waits."""
-        from agent.tables import wait_kind
+        from dyper.agent.tables import wait_kind
 
         frames = sys._current_frames()
         waiting: dict[int, tuple[int, float]] = {}

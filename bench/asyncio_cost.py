@@ -33,7 +33,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from proflets import tasks as tasks_proflet  # noqa: E402
+from dyper.proflets import tasks as tasks_proflet  # noqa: E402
 
 SERVICE = str(REPO / "bench" / "workloads" / "async_service.py")
 
@@ -103,7 +103,7 @@ def service_round(budget: str | None, seconds: float, monitor: str) -> dict[str,
         assert target.stdout is not None and target.stdout.readline().strip() == "ready"
         if budget is not None:
             subprocess.run(
-                [sys.executable, "-m", "monitor", "attach", str(target.pid), "--budget", budget, "--monitor", monitor],
+                [sys.executable, "-m", "dyper", "attach", str(target.pid), "--budget", budget, "--monitor", monitor],
                 check=True, capture_output=True, env=env, cwd=REPO,
             )  # fmt: skip
             time.sleep(1.0)
@@ -113,7 +113,7 @@ def service_round(budget: str | None, seconds: float, monitor: str) -> dict[str,
         ).stdout  # fmt: skip
         result: dict[str, Any] = json.loads(out)
         if budget is not None:
-            from monitor.client import MonitorClient
+            from dyper.monitor.client import MonitorClient
 
             with MonitorClient(monitor, timeout=10) as client:
                 report = client.call("report", pid=target.pid)
@@ -151,7 +151,7 @@ def main() -> int:
     port = _free_port()
     endpoint = f"tcp://127.0.0.1:{port}"
     monitor = subprocess.Popen(
-        [sys.executable, "-m", "monitor", "monitor", "--listen", endpoint, "--no-history"],
+        [sys.executable, "-m", "dyper", "monitor", "--listen", endpoint, "--no-history"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO,
     )  # fmt: skip
     time.sleep(2.0)

@@ -39,9 +39,9 @@ from typing import Any
 
 import psutil
 
-from agent.protocol import parse_budget
-from monitor.attach import attach, detach
-from monitor.client import MonitorClient, MonitorUnreachable
+from dyper.agent.protocol import parse_budget
+from dyper.monitor.attach import attach, detach
+from dyper.monitor.client import MonitorClient, MonitorUnreachable
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET = REPO / "tests" / "integration" / "targets" / "cycles.py"
@@ -94,7 +94,7 @@ class Target:
 
 def start_monitor(endpoint: str, history: Path) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "monitor", "monitor", "--listen", endpoint, "--history", str(history)],
+        [sys.executable, "-m", "dyper", "monitor", "--listen", endpoint, "--history", str(history)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         cwd=REPO,
@@ -134,7 +134,7 @@ def cli_cycles(n: int, pid: int, endpoint: str, budget: str) -> list[float]:
         t0 = time.monotonic()
         attach_args = ("attach", str(pid), "--monitor", endpoint, "--budget", budget)
         for args in (attach_args, ("detach", str(pid), "--monitor", endpoint)):
-            done = subprocess.run([sys.executable, "-m", "monitor", *args], capture_output=True, text=True, cwd=REPO)
+            done = subprocess.run([sys.executable, "-m", "dyper", *args], capture_output=True, text=True, cwd=REPO)
             if done.returncode != 0:
                 raise SystemExit(f"dyper {' '.join(args)} failed: {done.stderr.strip()}")
         times.append(time.monotonic() - t0)

@@ -56,7 +56,7 @@ def main() -> None:
     import alloc
     import cpu1
 
-    from agent.core import Agent
+    from dyper.agent.core import Agent
 
     unit = alloc.unit if args.workload == "alloc" else (lambda: cpu1.middle(2000))
     nthreads = 4 if args.workload == "cpu-4" else 1

@@ -55,8 +55,8 @@ def case(name: str) -> tuple[Callable[[], object], list[Any], int]:
 
 
 def child(name: str, repeats: int) -> dict[str, Any]:
-    from agent.proflet import DetailContext
-    from proflets.cpu import CpuCollector
+    from dyper.agent.proflet import DetailContext
+    from dyper.proflets.cpu import CpuCollector
 
     fn, candidates, n = case(name)
 

@@ -103,8 +103,8 @@ import msgpack  # noqa: E402
 import psutil  # noqa: E402
 import zmq  # noqa: E402
 
-from agent import protocol  # noqa: E402
 from bench import overhead  # noqa: E402
+from dyper.agent import protocol  # noqa: E402
 
 DEEP_SERVICE = HERE / "workloads" / "deep_service.py"
 REPORT_PERIOD_S = 1.0
@@ -149,7 +149,7 @@ def slope(xs: list[float], ys: list[float]) -> float | None:
 
 def record_agent(python: str, seconds: float, budget: str, workdir: Path) -> dict[str, Any]:
     """Run deep_service.py under the real agent against a real monitor that keeps every frame."""
-    from monitor.server import Monitor
+    from dyper.monitor.server import Monitor
 
     class Recorder(Monitor):
         def __init__(self) -> None:
@@ -173,7 +173,7 @@ def record_agent(python: str, seconds: float, budget: str, workdir: Path) -> dic
     cmd = [
         python,
         "-m",
-        "monitor",
+        "dyper",
         "run",
         "--monitor",
         endpoint,
@@ -683,7 +683,7 @@ class Pinger(threading.Thread):
         self.waiting_since: float | None = None
 
     def run(self) -> None:
-        from monitor.client import MonitorClient
+        from dyper.monitor.client import MonitorClient
 
         with MonitorClient(self.endpoint, timeout=self.timeout) as client:
             next_at = time.monotonic()
@@ -746,7 +746,7 @@ class Querier(threading.Thread):
         self.results: list[tuple[int, str, float | None]] = []
 
     def run(self) -> None:
-        from monitor.client import MonitorClient
+        from dyper.monitor.client import MonitorClient
 
         with MonitorClient(self.endpoint, timeout=self.timeout) as client:
             while (job := self.jobs.get()) is not None:
@@ -785,13 +785,13 @@ class Harness:
 
     def start(self) -> None:
         """The monitor on its CPU, the simulators on the others, and the pinger and querier; each ready."""
-        from monitor.client import MonitorClient
+        from dyper.monitor.client import MonitorClient
 
         args, workdir = self.args, self.workdir
         cmd = [args.python]
         if args.profile:
             cmd += ["-m", "cProfile", "-o", str(args.profile)]
-        cmd += ["-m", "monitor", "monitor", "--listen", self.endpoint]
+        cmd += ["-m", "dyper", "monitor", "--listen", self.endpoint]
         cmd += ["--no-history"] if args.no_history else ["--history", str(workdir / "history.sqlite3")]
         with open(self.monitor_log, "wb") as out:
             self.monitor = subprocess.Popen(
@@ -1353,7 +1353,7 @@ def main(argv: list[str] | None = None) -> int:
         for result in steps:
             result["query_ms"] = harness.query_stats(result["agents"])
         profile_rows = print_profile(args.profile) if args.profile and args.profile.exists() else None
-    from monitor.session import WINDOW_RETENTION_S
+    from dyper.monitor.session import WINDOW_RETENTION_S
 
     sustained = 0
     for s in steps:

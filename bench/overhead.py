@@ -27,18 +27,18 @@ and without the agent, which reports the process's CPU time (all threads, the
 agent's included) while the script ran, and separately the CPU of the start-up
 before it (interpreter, and the agent's own start-up: about 0.08 s here). With an agent they run under
 
-    python -m monitor run -q --budget B -o prof.json -- python ...
+    python -m dyper run -q --budget B -o prof.json -- python ...
 
 and the profile's "process" object gives the samples and the overhead the agent
 reports it spent. For the service the agent goes into gunicorn's master and
-its forked workers through ``python -m monitor run --monitor EP --budget B --
-python -m gunicorn ...`` against a standing monitor (``python -m monitor
+its forked workers through ``python -m dyper run --monitor EP --budget B --
+python -m gunicorn ...`` against a standing monitor (``python -m dyper
 monitor``), because ``run -o`` writes only the profile of the process it
 started (gunicorn's master, which does no request work); each worker's samples
-and reported overhead are read with ``python -m monitor top PID --json``, and
+and reported overhead are read with ``python -m dyper top PID --json``, and
 the harness checks that every worker runs dyper's sampler thread and took
 samples. ``--service-agent attach`` instead starts gunicorn bare and attaches
-to each worker with ``python -m monitor attach PID -o ...``.
+to each worker with ``python -m dyper attach PID -o ...``.
 
 Figures per workload and budget are medians over the repeats: the workload's
 own timing (or req/s and p99), the target's CPU time, samples, samples/s, what
@@ -143,7 +143,7 @@ def file_tail(path: Path, n: int = 1500) -> str:
 
 
 def monitor_cmd(settings: Settings, *args: str) -> list[str]:
-    return [settings.python, "-m", "monitor", *args]
+    return [settings.python, "-m", "dyper", *args]
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -74,9 +74,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.budget import slowdown, slowdown_by
 from bench.overhead import children, free_port, log, machine_info, pct, wait_http, wait_port
-from monitor.client import MonitorClient
+from dyper.agent.budget import slowdown, slowdown_by
+from dyper.monitor.client import MonitorClient
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -217,7 +217,7 @@ def run_workload(args: argparse.Namespace, workload: str, endpoint: str, tmp: Pa
     seconds = args.warmup + len(schedule) * args.window + 30
     out = tmp / f"{workload}.json"
     cmd = [
-        args.python, "-m", "monitor", "run", "-q", "--monitor", endpoint, "--budget", args.base, "--",
+        args.python, "-m", "dyper", "run", "-q", "--monitor", endpoint, "--budget", args.base, "--",
         args.python, str(DRIVER), workload, f"{seconds:g}", str(out),
     ]  # fmt: skip
     log_path = tmp / f"{workload}.log"
@@ -254,7 +254,7 @@ def run_service(args: argparse.Namespace, endpoint: str, tmp: Path) -> dict[str,
         args.python, "-m", "gunicorn", "-w", "1", "-k", "sync", "-b", f"127.0.0.1:{port}",
         "--pid", str(pidfile), "--error-logfile", str(tmp / "gunicorn.log"), "httpbin:app",
     ]  # fmt: skip
-    cmd = [args.python, "-m", "monitor", "run", "-q", "--monitor", endpoint, "--budget", args.base, "--", *gunicorn]
+    cmd = [args.python, "-m", "dyper", "run", "-q", "--monitor", endpoint, "--budget", args.base, "--", *gunicorn]
     log_path = tmp / "service.log"
     with open(log_path, "wb") as logf:
         runner = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
@@ -501,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
         endpoint = f"tcp://127.0.0.1:{free_port()}"
         mlog = open(tmp / "monitor.log", "wb")  # noqa: SIM115
         monitor = subprocess.Popen(
-            [args.python, "-m", "monitor", "monitor", "--listen", endpoint, "--no-history"],
+            [args.python, "-m", "dyper", "monitor", "--listen", endpoint, "--no-history"],
             stdout=mlog, stderr=subprocess.STDOUT, cwd=REPO,
         )  # fmt: skip
         try:

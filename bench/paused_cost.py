@@ -86,7 +86,7 @@ def _measure(seconds: float, a: Any) -> dict[str, float]:
 def child(seconds: float, budget: str) -> dict[str, Any]:
     import cpu1
 
-    import agent
+    from dyper import agent
 
     stop = threading.Event()
 

@@ -36,11 +36,11 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from agent.core import Agent
-from agent.tables import Tables
+from dyper.agent.core import Agent
+from dyper.agent.tables import Tables
 
 try:  # the C extension, when it was built
-    _fastsample: Any = importlib.import_module("agent._fastsample")
+    _fastsample: Any = importlib.import_module("dyper.agent._fastsample")
 except ImportError as exc:  # not built for this interpreter
     _fastsample = None
     _WHY = str(exc) or "not built"
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     if "speedup" in results:
         print(f"speedup (median): {results['speedup']:.1f}x")
     else:
-        print(f"agent._fastsample unavailable: {_WHY}")
+        print(f"dyper.agent._fastsample unavailable: {_WHY}")
     y = results["yield"]
     print(
         f"yield: {y['samples_per_s_per_1pct']:.0f} stack samples/s per 1% of budget "

@@ -41,7 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from monitor.search import (
+from dyper.monitor.search import (
     CallTreeProfile,
     ComparativeProfile,
     ComparativeSummary,

@@ -67,7 +67,7 @@ from bench.overhead import (  # noqa: E402
     stop_process,
     wait_http,
 )
-from monitor.client import MonitorClient  # noqa: E402
+from dyper.monitor.client import MonitorClient  # noqa: E402
 
 #: Default threshold of "flat", KB (1024 bytes) per minute: about 1 MiB per hour.
 FLAT_KB_PER_MIN = 16.0
@@ -161,7 +161,7 @@ class Service:
         py = self.settings.python
         history = self.workdir / "history.sqlite3"
         self.monitor = self._spawn(
-            [py, "-m", "monitor", "monitor", "--listen", self.endpoint, "--history", str(history)], "monitor"
+            [py, "-m", "dyper", "monitor", "--listen", self.endpoint, "--history", str(history)], "monitor"
         )
         with MonitorClient(self.endpoint, timeout=0.5) as client:
             deadline = time.monotonic() + 30
@@ -175,7 +175,7 @@ class Service:
                     time.sleep(0.2)
         pidfile = self.workdir / "gunicorn.pid"
         gcmd = gunicorn_command(self.settings, self.port, pidfile, self.workdir / "gunicorn-error.log")
-        run = [py, "-m", "monitor", "run", "--monitor", self.endpoint, "--budget", self.budget, "--", *gcmd]
+        run = [py, "-m", "dyper", "run", "--monitor", self.endpoint, "--budget", self.budget, "--", *gcmd]
         self.runner = self._spawn(run, "gunicorn")
         deadline = time.monotonic() + 60
         while not pidfile.exists() or not pidfile.read_text().strip():
@@ -440,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write every record and figure here")
     ap.add_argument("--plot", type=Path, help="PNG of RSS and requests/s over time (needs matplotlib)")
     args = ap.parse_args(argv)
-    from agent.protocol import parse_budget
+    from dyper.agent.protocol import parse_budget
 
     try:
         budget = parse_budget(args.budget)

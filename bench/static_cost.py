@@ -44,7 +44,7 @@ def instructions(args: argparse.Namespace, workload: str, units: int, budget: st
         "valgrind", "--tool=cachegrind", "--cache-sim=no", f"--cachegrind-out-file={tmp / 'cg.out'}",
         args.python, str(TIMED), str(WORKLOADS_DIR / SCRIPT_WORKLOADS[workload]), str(units),
     ]  # fmt: skip
-    cmd = target if budget is None else [args.python, "-m", "monitor", "run", "-q", "--budget", budget, "--", *target]
+    cmd = target if budget is None else [args.python, "-m", "dyper", "run", "-q", "--budget", budget, "--", *target]
     env = {**os.environ, "PYTHONHASHSEED": "0"}  # the same dict and set orders in every run
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=args.timeout)
     found = IREFS.findall(out.stderr)

@@ -39,8 +39,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from monitor.client import MonitorClient  # noqa: E402
-from monitor.profile import Profile  # noqa: E402
+from dyper.monitor.client import MonitorClient  # noqa: E402
+from dyper.monitor.profile import Profile  # noqa: E402
 
 TRIGGERS = ("cpu > 50% for 2s, before 5s, after 5s", "blocked > 3s, before 5s, after 5s",
             "rss + 40MB/s for 1s, before 5s, after 5s")  # fmt: skip
@@ -69,7 +69,7 @@ def _share(profile: Profile, function: str, metric: str) -> tuple[float, int]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    dyper = [sys.executable, "-m", "monitor"]
+    dyper = [sys.executable, "-m", "dyper"]
     endpoint = f"tcp://127.0.0.1:{_free_port()}"
     workdir = Path(tempfile.mkdtemp(prefix="dyper-transients-"))
     truth = workdir / "truth.jsonl"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agent.triggers import Ring, Triggers, TriggerSpec, parse_trigger
+from dyper.agent.triggers import Ring, Triggers, TriggerSpec, parse_trigger
 
 
 def main() -> None:

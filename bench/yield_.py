@@ -27,9 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import agent
-from agent.protocol import parse_budget
 from bench.sample_cost import worker
+from dyper import agent
+from dyper.agent.protocol import parse_budget
 
 YIELD_TARGET = 150
 

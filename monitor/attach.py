@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from monitor import inject
+from dyper.monitor import inject
 
 #: How long the target has to run the bootstrap and report back.
 DEFAULT_TIMEOUT_S = 20.0
@@ -50,32 +50,25 @@ def _dyper_bootstrap(action, params, result_path):
     added = []
     result = {"ok": False}
     try:
-        mod = _sys.modules.get("agent")
+        mod = _sys.modules.get("dyper.agent")
         if action == "start":
-            if mod is not None and not getattr(mod, "__dyper__", False):
-                raise RuntimeError("the target already has a module named 'agent' that is not dyper's; "
-                                   "start dyper from the program instead (dyper run)")
-            if mod is None or "agent.core" not in _sys.modules:
-                # agent.core brings in msgpack and pyzmq: the real test of importability.
+            if "dyper.agent.core" not in _sys.modules:
+                # dyper.agent.core brings in msgpack and pyzmq: the real test of importability.
                 try:
-                    import agent as mod
-                    import agent.core
+                    import dyper.agent.core
                 except ImportError:
                     for path in params["paths"]:
                         if path not in _sys.path:
                             _sys.path.append(path)
                             added.append(path)
                     try:
-                        import agent as mod
-                        import agent.core
+                        import dyper.agent.core
                     except ImportError as exc:
                         raise RuntimeError(
                             "dyper's agent cannot be imported in the target (%s): install dyper in the "
                             "target's environment (%s -m pip install dyper)" % (exc, _sys.executable)
                         )
-                if not getattr(mod, "__dyper__", False):
-                    raise RuntimeError("the target's module named 'agent' is not dyper's; "
-                                       "start dyper from the program instead (dyper run)")
+            mod = _sys.modules["dyper.agent"]
             mod._added_paths.extend(added)
             added = []
             names = params.get("proflets")
@@ -86,17 +79,17 @@ def _dyper_bootstrap(action, params, result_path):
                                  proflets=tuple(names) if names is not None else None, **keys)
             result = {"ok": True, "agent": agent_id, "python": _sys.version.split()[0]}
         elif action == "budget":
-            running = mod is not None and getattr(mod, "__dyper__", False) and mod.is_running()
+            running = mod is not None and mod.is_running()
             if running:
                 mod.set_budget(params["budget"])
             result = {"ok": True, "was_running": bool(running)}
         elif action in ("pause", "resume", "reset"):
-            running = mod is not None and getattr(mod, "__dyper__", False) and mod.is_running()
+            running = mod is not None and mod.is_running()
             if running:
                 getattr(mod, action)()
             result = {"ok": True, "was_running": bool(running)}
         elif action == "stop":
-            running = mod is not None and getattr(mod, "__dyper__", False) and mod.is_running()
+            running = mod is not None and mod.is_running()
             if running:
                 mod.stop()
             result = {"ok": True, "was_running": bool(running)}
@@ -137,9 +130,10 @@ def _import_paths(target_version: tuple[int, ...]) -> list[str]:
     import msgpack
     import zmq
 
-    import agent
+    import dyper
 
-    paths = [str(Path(agent.__file__).resolve().parent.parent)]
+    # The folder that holds dyper/: site-packages for a wheel, the source tree for an editable install.
+    paths = [str(Path(dyper.__file__).resolve().parent.parent)]
     if tuple(target_version[:2]) == sys.version_info[:2]:
         for mod in (msgpack, zmq):
             site = str(Path(mod.__file__ or "").resolve().parent.parent)

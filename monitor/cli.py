@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from monitor.commands import CliError
+from dyper.monitor.commands import CliError
 
 COMMANDS = (
     "run",

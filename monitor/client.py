@@ -8,7 +8,7 @@ from typing import Any
 
 import zmq
 
-from agent import CurveKeys, is_loopback_endpoint, load_keys, protocol
+from dyper.agent import CurveKeys, is_loopback_endpoint, load_keys, protocol
 
 
 class MonitorUnreachable(Exception):

@@ -56,9 +56,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from monitor.profile import Metric, Profile, StackCount
-from monitor.session import Frame
-from proflets.cpu import function_table, line_table
+from dyper.monitor.profile import Metric, Profile, StackCount
+from dyper.monitor.session import Frame
+from dyper.proflets.cpu import function_table, line_table
 
 #: (qualified name, file, line); line is None for function keys.
 Key = tuple[str, str, int | None]

@@ -20,13 +20,13 @@ from typing import Any, Protocol
 
 from rich.console import Console
 
-from agent import protocol
-from monitor.exports import exporter_for
-from monitor.profile import Profile
-from monitor.server import Monitor
-from monitor.services import service_of, service_profile
-from monitor.session import Session
-from monitor.views import render_top, render_waiting, service_top_view, top_view
+from dyper.agent import protocol
+from dyper.monitor.exports import exporter_for
+from dyper.monitor.profile import Profile
+from dyper.monitor.server import Monitor
+from dyper.monitor.services import service_of, service_profile
+from dyper.monitor.session import Session
+from dyper.monitor.views import render_top, render_waiting, service_top_view, top_view
 
 #: How long to wait for an agent's last report and bye at the end.
 FINAL_REPORT_WAIT_S = 3.0
@@ -205,7 +205,7 @@ def finish_output(profile: Profile | None, options: Options, console: Console, p
 
 
 def summary_view(profile: Profile, options: Options) -> dict[str, Any]:
-    from monitor.profile import DEFAULT_FLOOR_PCT
+    from dyper.monitor.profile import DEFAULT_FLOOR_PCT
 
     rows = profile.functions(options.metric, charge_libraries=options.libraries, floor_pct=DEFAULT_FLOOR_PCT)
     p = profile.process

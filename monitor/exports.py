@@ -16,8 +16,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, ClassVar
 
-from monitor.profile import Metric, Profile
-from monitor.session import Frame
+from dyper.monitor.profile import Metric, Profile
+from dyper.monitor.session import Frame
 
 
 def frame_label(frame: Frame) -> str:
@@ -161,7 +161,7 @@ class Pprof(Exporter):
 
     def build(self, profile: Profile) -> Any:
         """The ``Profile`` message, before serialisation."""
-        from monitor.pprof import profile_pb2 as pb
+        from dyper.monitor.pprof import profile_pb2 as pb
 
         strings: dict[str, int] = {"": 0}
 

@@ -62,7 +62,7 @@ from typing import IO, Any
 
 import msgpack
 
-from monitor.session import Frame, FrameTable, Session, SessionKey, Slice, StackKey, Window
+from dyper.monitor.session import Frame, FrameTable, Session, SessionKey, Slice, StackKey, Window
 
 DEFAULT_MAX_AGE_S = 7 * 86400.0
 DEFAULT_MAX_BYTES = 1 << 30  # 1 GiB

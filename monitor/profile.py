@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.protocol import TAG_FILE, TAG_PREFIX
-from monitor.session import Frame, Session, StackKey
-from proflets import cpu as cpu_proflet
-from proflets.cpu import FLOOR_PCT
+from dyper.agent.protocol import TAG_FILE, TAG_PREFIX
+from dyper.monitor.session import Frame, Session, StackKey
+from dyper.proflets import cpu as cpu_proflet
+from dyper.proflets.cpu import FLOOR_PCT
 
 FORMAT = "dyper-profile"
 FORMAT_VERSION = 1
@@ -66,7 +66,7 @@ class Profile:
         profile = cls.from_counts(session.frames.frames, counts, dict(session.threads), process, session_paths(session))
         if not proflets:
             return profile
-        from monitor.report import proflet_sections
+        from dyper.monitor.report import proflet_sections
 
         start = None if window_s is None or not session.windows else session.windows[-1].t - window_s
         profile.proflets = proflet_sections(session, start, None)
@@ -172,7 +172,7 @@ class Profile:
         """
         tags = self.tags("wall")
         if name not in tags:
-            known = ", ".join(sorted(tags)) or "none (decorate functions with @agent.tag(NAME))"
+            known = ", ".join(sorted(tags)) or "none (decorate functions with @dyper.tag(NAME))"
             raise ValueError(f"no samples inside tag {name!r}; the tags seen: {known}")
         label = TAG_PREFIX + name
         inside = {i for i, f in enumerate(self.frames) if f.file == TAG_FILE and f.name == label}
@@ -303,7 +303,7 @@ def task_profile(session: Session, start: float | None = None, end: float | None
     export and the bottleneck search read it as they read the thread view.
     Raises ValueError when the process has shown no asyncio task.
     """
-    from proflets.tasks import TasksAnalyzer
+    from dyper.proflets.tasks import TasksAnalyzer
 
     analyzer = session.analyzers.get("tasks")
     if not isinstance(analyzer, TasksAnalyzer) or not analyzer.frames:

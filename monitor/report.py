@@ -22,11 +22,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from proflets.cpu import FLOOR_PCT, function_table, line_table
+from dyper.proflets.cpu import FLOOR_PCT, function_table, line_table
 
 if TYPE_CHECKING:
-    from monitor.profile import Profile
-    from monitor.session import Session
+    from dyper.monitor.profile import Profile
+    from dyper.monitor.session import Session
 
 
 def proflet_sections(session: Session, start: float | None = None, end: float | None = None) -> dict[str, Any]:
@@ -47,7 +47,7 @@ def proflet_sections(session: Session, start: float | None = None, end: float | 
         for name, state in agent.proflets.items():
             if isinstance(state, dict) and "off" in state:
                 off[name] = str(state["off"])
-    from monitor.session import ANALYZERS_OFF
+    from dyper.monitor.session import ANALYZERS_OFF
 
     off.update(ANALYZERS_OFF)
     off.update(errors)
@@ -56,7 +56,7 @@ def proflet_sections(session: Session, start: float | None = None, end: float | 
 
 def build_report(session: Session, window_s: float | None = None) -> dict[str, Any]:
     """The report of a live (or remembered) session: the whole run, or its last ``window_s`` seconds."""
-    from monitor.profile import Profile
+    from dyper.monitor.profile import Profile
 
     profile = Profile.from_session(session, window_s)
     return report_of(profile)

@@ -23,9 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from agent import protocol
-from agent.budget import Plan, ProfletCosts, plan
-from agent.schedule import DetailScheduler
+from dyper.agent import protocol
+from dyper.agent.budget import Plan, ProfletCosts, plan
+from dyper.agent.schedule import DetailScheduler
 
 #: A requested burst whose report has not come back after its length plus
 #: this long is taken as finished (its report was lost with a reconnect).

@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import zmq
 import zmq.asyncio
 
-from agent import protocol
-from monitor.profile import Profile, process_info, session_paths
-from monitor.scheduler import AgentSchedule
-from monitor.session import (
+from dyper.agent import protocol
+from dyper.monitor.profile import Profile, process_info, session_paths
+from dyper.monitor.scheduler import AgentSchedule
+from dyper.monitor.session import (
     AgentState,
     FrameTable,
     Session,
@@ -46,11 +46,11 @@ from monitor.session import (
     same_process,
     stacks_as_bytes,
 )
-from monitor.windows import WindowSpec
+from dyper.monitor.windows import WindowSpec
 
 if TYPE_CHECKING:
-    from monitor.curve import Gate, ServerKeys
-    from monitor.history import History, ReportMeta
+    from dyper.monitor.curve import Gate, ServerKeys
+    from dyper.monitor.history import History, ReportMeta
 
 T = TypeVar("T")
 
@@ -163,7 +163,7 @@ class Monitor:
         sock.setsockopt(zmq.RCVHWM, 10_000)
         sock.setsockopt(zmq.SNDHWM, 1_000)
         if self.curve is not None:
-            from monitor.curve import Gate
+            from dyper.monitor.curve import Gate
 
             self._gate = Gate(self.curve, self.counters, self._event)
             self._gate.install(self._ctx, sock)
@@ -179,7 +179,7 @@ class Monitor:
                 sock.curve_server = False
                 bound = self.control_endpoint or "the control endpoint"
                 if self.control_endpoint is None:
-                    from monitor.curve import default_control
+                    from dyper.monitor.curve import default_control
 
                     self.control_endpoint = default_control(int(self.endpoint.rsplit(":", 1)[1]))
                 bound = self.control_endpoint
@@ -524,7 +524,7 @@ class Monitor:
         return n
 
     def sessions_info(self) -> list[dict[str, Any]]:
-        from monitor.views import session_info
+        from dyper.monitor.views import session_info
 
         return [session_info(s) for s in self.sessions.values()]
 
@@ -668,7 +668,7 @@ class Monitor:
     # --- control requests ---------------------------------------------------------------
 
     def _on_ctl(self, ident: bytes, body: dict[str, Any]) -> bytes | None:
-        from monitor import views
+        from dyper.monitor import views
 
         rid, op, args = body["id"], body["op"], body.get("args") or {}
 
@@ -692,7 +692,7 @@ class Monitor:
         if op == "sessions":
             return reply(self.sessions_info())
         if op == "services":
-            from monitor.services import group
+            from dyper.monitor.services import group
 
             return reply([service.info() for service in group(self.sessions.values())])
         if op == "history":
@@ -710,7 +710,7 @@ class Monitor:
             if op == "triggers":
                 return reply(list(session.triggers))
             if op == "report":
-                from monitor.report import build_report
+                from dyper.monitor.report import build_report
 
                 window_s = args.get("window_s")
                 if window_s is not None and (not isinstance(window_s, int | float) or window_s <= 0):
@@ -723,7 +723,7 @@ class Monitor:
             except ValueError as exc:
                 return reply(error=f"{op}: {exc}")
             if args.get("view") == "tasks" and op in ("profile", "top"):
-                from monitor.profile import task_profile
+                from dyper.monitor.profile import task_profile
 
                 start, end = spec.resolve(session.first_report_t, session.last_report_t or None)
                 try:
@@ -778,8 +778,8 @@ class Monitor:
 
     def _service_answer(self, op: str, session: Session, args: dict[str, Any]) -> dict[str, Any]:
         """``profile``/``top`` of the whole service ``session`` belongs to (whole run, or ``window_s``, from memory)."""
-        from monitor.services import service_of, service_profile
-        from monitor.views import service_top_view
+        from dyper.monitor.services import service_of, service_profile
+        from dyper.monitor.views import service_top_view
 
         window_s = args.get("window_s")
         seconds = float(window_s) if isinstance(window_s, int | float) and window_s > 0 else None

@@ -30,10 +30,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.budget import slowdown
-from monitor.profile import Profile, process_info, session_paths
-from monitor.session import Session, SessionKey, StackKey, merge_counts
-from monitor.windows import WindowSpec
+from dyper.agent.budget import slowdown
+from dyper.monitor.profile import Profile, process_info, session_paths
+from dyper.monitor.session import Session, SessionKey, StackKey, merge_counts
+from dyper.monitor.windows import WindowSpec
 
 #: A parent chain longer than this is a bug or a loop of reused pids: stop walking.
 MAX_DEPTH = 64

@@ -30,10 +30,10 @@ from typing import Any, TypeVar, cast
 
 import msgpack
 
-from agent import protocol
-from agent.budget import slowdown, slowdown_by
-from agent.protocol import LOC_AGENT, LOC_BLOCKING, LOC_IO, LOC_LOCK, LOC_SLEEP, MAX_ERROR_CHARS, MAX_MARK_CHARS
-from proflets.base import Analyzer, ReportView
+from dyper.agent import protocol
+from dyper.agent.budget import slowdown, slowdown_by
+from dyper.agent.protocol import LOC_AGENT, LOC_BLOCKING, LOC_IO, LOC_LOCK, LOC_SLEEP, MAX_ERROR_CHARS, MAX_MARK_CHARS
+from dyper.proflets.base import Analyzer, ReportView
 
 #: (host, pid, process start time)
 SessionKey = tuple[str, int, float]
@@ -976,7 +976,7 @@ ANALYZERS_OFF: dict[str, str] = {}
 def analyzer_classes() -> dict[str, type[Analyzer]]:
     global _ANALYZER_CLASSES
     if _ANALYZER_CLASSES is None:
-        import proflets
+        from dyper import proflets
 
         found: dict[str, type[Analyzer]] = {}
         for name, module in proflets.available().items():

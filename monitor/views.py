@@ -16,12 +16,12 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from agent.budget import slowdown_by
-from monitor.profile import DEFAULT_FLOOR_PCT, Profile
-from monitor.session import Session
+from dyper.agent.budget import slowdown_by
+from dyper.monitor.profile import DEFAULT_FLOOR_PCT, Profile
+from dyper.monitor.session import Session
 
 if TYPE_CHECKING:
-    from monitor.services import Service
+    from dyper.monitor.services import Service
 
 #: Samples per second are measured over the last this many seconds.
 RATE_WINDOW_S = 10.0
@@ -145,8 +145,8 @@ def service_top_view(
     service: Service, window_s: float | None = None, *, limit: int = 15, charge_libraries: bool = False
 ) -> dict[str, Any]:
     """The live view of a whole service: its members' counts merged, one line per process."""
-    from monitor.services import service_profile
-    from monitor.windows import WindowSpec
+    from dyper.monitor.services import service_profile
+    from dyper.monitor.windows import WindowSpec
 
     profile = service_profile(service, WindowSpec.last(window_s) if window_s else None)
     view = top_view(service.root, window_s, limit=limit, charge_libraries=charge_libraries, profile=profile)

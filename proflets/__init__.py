@@ -24,13 +24,13 @@ from typing import Final
 
 GROUP: Final = "dyper.proflets"
 BUILTINS: Final = {
-    "cpu": "proflets.cpu",
-    "threads": "proflets.threads",
-    "timing": "proflets.timing",
-    "heap": "proflets.heap",
-    "io": "proflets.io",
-    "memory": "proflets.memory",
-    "memory_stacks": "proflets.memory_stacks",
+    "cpu": "dyper.proflets.cpu",
+    "threads": "dyper.proflets.threads",
+    "timing": "dyper.proflets.timing",
+    "heap": "dyper.proflets.heap",
+    "io": "dyper.proflets.io",
+    "memory": "dyper.proflets.memory",
+    "memory_stacks": "dyper.proflets.memory_stacks",
 }
 
 

@@ -33,13 +33,13 @@ from collections.abc import Callable, Mapping
 from types import CodeType
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from agent.budget import ProfletCosts
-from agent.proflet import Collector, DetailContext, ReportContext
-from proflets.base import Analyzer, Status, YappiCharge, confidence_of, paired_best
+from dyper.agent.budget import ProfletCosts
+from dyper.agent.proflet import Collector, DetailContext, ReportContext
+from dyper.proflets.base import Analyzer, Status, YappiCharge, confidence_of, paired_best
 
 if TYPE_CHECKING:
-    from monitor.profile import Metric, Profile
-    from monitor.session import Frame, Session, Window
+    from dyper.monitor.profile import Metric, Profile
+    from dyper.monitor.session import Frame, Session, Window
 
 #: Show only what takes at least this share of the samples.
 FLOOR_PCT = 0.5
@@ -229,11 +229,11 @@ def _frame_calibration_target(n: int) -> int:
 
 
 def frame_hook() -> Any | None:
-    """agent._fastsample where it has 3.11's frame hook (built for 3.11), else None."""
+    """dyper.agent._fastsample where it has 3.11's frame hook (built for 3.11), else None."""
     if sys.version_info >= (3, 12):
         return None
     try:
-        fast = importlib.import_module("agent._fastsample")
+        fast = importlib.import_module("dyper.agent._fastsample")
     except ImportError:
         return None
     return fast if hasattr(fast, "frame_hook_start") else None
@@ -256,7 +256,7 @@ def _counted_s(length: float, slowdown: float) -> float:
 
 def _thread_marks() -> tuple[float, dict[int, float]]:
     """Now, and each thread's CPU seconds (by ident; the agent's own threads left out)."""
-    from proflets.threads import read_clocks
+    from dyper.proflets.threads import read_clocks
 
     return time.perf_counter(), {ident: cpu for ident, (_, cpu) in read_clocks(0).items()}
 
@@ -310,7 +310,7 @@ def thread_gains(
 
 
 class PyCallCounter:
-    """agent._fastsample.CallCounter in Python, for an agent without its C extension.
+    """dyper.agent._fastsample.CallCounter in Python, for an agent without its C extension.
 
     About four times the C counter's cost per event (a Python call each).
     """
@@ -352,7 +352,7 @@ class PyCallCounter:
 def call_counter(codes: list[CodeType], native: bool = False) -> Any:
     """The sys.monitoring callbacks' counter: the C one when the extension is built."""
     try:
-        fast = importlib.import_module("agent._fastsample")
+        fast = importlib.import_module("dyper.agent._fastsample")
     except ImportError:
         return PyCallCounter(codes)
     return fast.CallCounter(codes, native=native)
@@ -899,7 +899,7 @@ class CpuAnalyzer(Analyzer):
         self.merge_detail({"native": state})
 
     def _profile(self, start: float | None, end: float | None) -> Profile:
-        from monitor.profile import Profile, process_info, session_paths
+        from dyper.monitor.profile import Profile, process_info, session_paths
 
         session = self.session
         if start is None and end is None:

@@ -59,10 +59,10 @@ from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Any, ClassVar
 
-from agent import procfs
-from agent.budget import ProfletCosts
-from agent.proflet import Collector, DetailContext, ReportContext
-from proflets.base import Analyzer, ReportView, Status, confidence_of
+from dyper.agent import procfs
+from dyper.agent.budget import ProfletCosts
+from dyper.agent.proflet import Collector, DetailContext, ReportContext
+from dyper.proflets.base import Analyzer, ReportView, Status, confidence_of
 
 #: The maximum pause when DYPER_HEAP_MAX_PAUSE_MS does not say otherwise, ms.
 MAX_PAUSE_MS = 200.0
@@ -569,7 +569,7 @@ class HeapAnalyzer(Analyzer):
 
     def _none_yet(self) -> str:
         """Why there is no census yet, in words: the planned cost against what the budget can save up."""
-        from agent.budget import Guard
+        from dyper.agent.budget import Guard
 
         agents = list(getattr(self.session, "agents", {}).values())
         if agents and not any(self.name in agent.proflets for agent in agents):

@@ -47,13 +47,13 @@ from pathlib import Path
 from types import CodeType
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from agent import procfs
-from agent.proflet import Collector, DetailContext, ReportContext
-from agent.protocol import LOC_AGENT, LOC_BLOCKING, LOC_IO
-from proflets.base import Analyzer, ReportView, Status, YappiCharge, confidence_of, paired_best
+from dyper.agent import procfs
+from dyper.agent.proflet import Collector, DetailContext, ReportContext
+from dyper.agent.protocol import LOC_AGENT, LOC_BLOCKING, LOC_IO
+from dyper.proflets.base import Analyzer, ReportView, Status, YappiCharge, confidence_of, paired_best
 
 if TYPE_CHECKING:
-    from monitor.session import Window
+    from dyper.monitor.session import Window
 
 # --- the resource file -------------------------------------------------------------------
 
@@ -232,7 +232,7 @@ def call_offset(code: CodeType, lasti: int) -> int:
     A frame calling a Python function can point past its CALL, at the
     CALL's inline cache (3.12), while sys.monitoring reports the CALL itself.
     """
-    from agent.tables import _instructions
+    from dyper.agent.tables import _instructions
 
     offsets, _ = _instructions(code)
     at = bisect.bisect_right(offsets, lasti) - 1
@@ -468,7 +468,7 @@ class IoCollector(Collector):
     def _leaf(self, loc: int, ctx: ReportContext) -> tuple[str, str, list[Any]] | None:
         if loc in self._leaves:
             return self._leaves[loc]
-        from agent.tables import callee_name
+        from dyper.agent.tables import callee_name
 
         found = None
         where = ctx.code_at(loc)
@@ -605,7 +605,7 @@ class IoCollector(Collector):
 
     def _calibrate_monitoring(self) -> float:
         """Seconds one counted call at a site costs (both callbacks), from the same hooks on a small loop."""
-        from agent.tables import _instructions, callee_name
+        from dyper.agent.tables import _instructions, callee_name
 
         mon = sys.monitoring  # type: ignore[attr-defined,unused-ignore]
         code = _calibration_target.__code__

@@ -40,9 +40,9 @@ from dataclasses import dataclass
 from types import CodeType, FunctionType, ModuleType
 from typing import Any, ClassVar
 
-from agent import procfs
-from agent.proflet import Collector, DetailContext, ReportContext
-from proflets.base import Analyzer, ReportView, Status, confidence_of, paired_best
+from dyper.agent import procfs
+from dyper.agent.proflet import Collector, DetailContext, ReportContext
+from dyper.proflets.base import Analyzer, ReportView, Status, confidence_of, paired_best
 
 #: dyper's own code (agent, proflets, monitor), whose allocations and
 #: collections are not the application's sites.

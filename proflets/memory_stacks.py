@@ -19,8 +19,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from proflets.base import Analyzer, Status, confidence_of
-from proflets.memory import AllocationSites, MemoryAnalyzer, SiteTotals
+from dyper.proflets.base import Analyzer, Status, confidence_of
+from dyper.proflets.memory import AllocationSites, MemoryAnalyzer, SiteTotals
 
 
 class StacksCollector(AllocationSites):

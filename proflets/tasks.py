@@ -57,8 +57,8 @@ from collections.abc import Callable, Mapping
 from types import CodeType, FrameType
 from typing import Any
 
-from agent.proflet import Collector, ReportContext
-from proflets.base import Analyzer, ReportView, Status, confidence_of
+from dyper.agent.proflet import Collector, ReportContext
+from dyper.proflets.base import Analyzer, ReportView, Status, confidence_of
 
 #: Share of the budget the passes (and the agent's wake-ups for them) aim to cost: the rest stays
 #: with stack sampling and detailing. In an asyncio service a task pass tells as much as a stack sample.
@@ -655,7 +655,7 @@ class TasksAnalyzer(Analyzer):
         paths: dict[str, str] = {}
         if self.session is not None:
             paths = dict(getattr(self.session, "hello", {}).get("paths") or {})
-        from monitor.profile import Profile
+        from dyper.monitor.profile import Profile
 
         return Profile([], [], paths=paths).library_predicate()
 
@@ -785,8 +785,8 @@ class TasksAnalyzer(Analyzer):
 
     def profile(self, start: float | None = None, end: float | None = None) -> Any:
         """The task view of the window as a :class:`monitor.profile.Profile` (milliseconds as counts)."""
-        from monitor.profile import Profile
-        from monitor.session import Frame
+        from dyper.monitor.profile import Profile
+        from dyper.monitor.session import Frame
 
         stacks, _, _ = self.window(start, end)
         counts = {key: [round(1000.0 * wall), round(1000.0 * cpu)] for key, (wall, cpu) in stacks.items()}

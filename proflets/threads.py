@@ -32,10 +32,10 @@ from collections.abc import Mapping
 from types import FrameType
 from typing import Any, ClassVar
 
-from agent import procfs
-from agent.proflet import Collector, DetailContext, ReportContext
-from agent.protocol import LOC_LOCK
-from proflets.base import KINDS, Analyzer, ReportView, Status, confidence_of
+from dyper.agent import procfs
+from dyper.agent.proflet import Collector, DetailContext, ReportContext
+from dyper.agent.protocol import LOC_LOCK
+from dyper.proflets.base import KINDS, Analyzer, ReportView, Status, confidence_of
 
 # --- agent half ------------------------------------------------------------------------
 
@@ -73,7 +73,7 @@ def _loaded_chain(code: Any, lasti: int) -> tuple[str, list[str]] | None:
     For a call (``lock.acquire()``, a Condition's ``self._lock.__enter__()``)
     the chain ends before the method.
     """
-    from agent.tables import _instructions
+    from dyper.agent.tables import _instructions
 
     offsets, steps = _instructions(code)
     try:
@@ -243,7 +243,7 @@ class ThreadsCollector(Collector):
 
     def _owners(self, tids: set[int]) -> list[list[int]]:
         """[blocked ident, owner ident] for the threads in ``tids`` blocked right now on a lock with a known owner."""
-        from agent.tables import wait_kind
+        from dyper.agent.tables import wait_kind
 
         pairs = []
         for tid, frame in sys._current_frames().items():

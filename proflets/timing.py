@@ -26,9 +26,9 @@ import threading
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from agent.proflet import Collector, DetailContext, ReportContext
-from proflets.base import Analyzer, ReportView, Status, confidence_of
-from proflets.threads import SchedCounters, ThreadClocks
+from dyper.agent.proflet import Collector, DetailContext, ReportContext
+from dyper.proflets.base import Analyzer, ReportView, Status, confidence_of
+from dyper.proflets.threads import SchedCounters, ThreadClocks
 
 
 def _cpus() -> int:

@@ -29,7 +29,7 @@ def _state() -> dict[str, object]:
 def check_left_behind() -> Iterator[None]:
     before = _state()
     yield
-    import agent
+    from dyper import agent
 
     if agent.is_running():
         agent.stop()

@@ -20,7 +20,7 @@ import json
 import threading
 import time
 
-import agent
+from dyper import agent
 
 lock = threading.Lock()
 

@@ -33,11 +33,11 @@ def _dyper_autostart() -> None:
     if not os.environ.get("DYPER_MONITOR"):
         return
     try:
-        import agent.autostart
+        import dyper.agent.autostart
     except ImportError as exc:  # the program must run even if profiling cannot
         sys.stderr.write(f"dyper: agent not importable in pid {os.getpid()} ({sys.executable}): {exc}\n")
         return
-    agent.autostart.run()
+    dyper.agent.autostart.run()
 
 
 _dyper_autostart()

@@ -11,9 +11,9 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from monitor.windows import WindowSpec
+    from dyper.monitor.windows import WindowSpec
 
-from agent.protocol import parse_budget
+from dyper.agent.protocol import parse_budget
 
 
 class CliError(Exception):
@@ -51,7 +51,7 @@ def duration_arg(text: str) -> float:
 
 def window_arg(text: str) -> WindowSpec:
     """``--window``: N (the last N seconds, e.g. 90, 15m) or START:END, any slice (see ``dyper export -h``)."""
-    from monitor.windows import WindowSpec, parse_seconds
+    from dyper.monitor.windows import WindowSpec, parse_seconds
 
     try:
         if ":" in text:
@@ -93,7 +93,7 @@ def add_view_argument(parser: argparse.ArgumentParser) -> None:
 
 def add_monitor_argument(parser: argparse.ArgumentParser, what: str = "") -> None:
     """``--monitor ENDPOINT``: the standing monitor a command asks (default the agent's default)."""
-    from agent import DEFAULT_MONITOR
+    from dyper.agent import DEFAULT_MONITOR
 
     parser.add_argument(
         "--monitor",
@@ -142,7 +142,7 @@ def trigger_specs(args: argparse.Namespace) -> list[dict[str, Any]] | None:
 
     Raises :class:`CliError` (one line) for one it cannot read, before anything is attached.
     """
-    from agent.triggers import MAX_TRIGGERS, load_file, parse_trigger
+    from dyper.agent.triggers import MAX_TRIGGERS, load_file, parse_trigger
 
     specs = []
     try:

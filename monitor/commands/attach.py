@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from monitor.attach import Attached, AttachError, attach
-from monitor.commands import (
+from dyper.monitor.attach import Attached, AttachError, attach
+from dyper.monitor.commands import (
     CliError,
     add_output_arguments,
     add_trigger_arguments,
@@ -31,12 +31,12 @@ from monitor.commands import (
     pid_arg,
     trigger_specs,
 )
-from monitor.commands.run import add_key_arguments, key_options
-from monitor.embedded import Options, detach_via, finish_output, profile_target
-from monitor.server import Monitor
+from dyper.monitor.commands.run import add_key_arguments, key_options
+from dyper.monitor.embedded import Options, detach_via, finish_output, profile_target
+from dyper.monitor.server import Monitor
 
 if TYPE_CHECKING:
-    from agent import CurveKeys
+    from dyper.agent import CurveKeys
 
 NAME = "attach"
 
@@ -90,7 +90,7 @@ class AttachedProcess:
         if monitor is not None and await detach_via(monitor, pid):
             return
         # The agent did not answer over the socket: stop it from inside.
-        from monitor.attach import detach
+        from dyper.monitor.attach import detach
 
         with contextlib.suppress(AttachError):
             await asyncio.to_thread(detach, pid)
@@ -190,7 +190,7 @@ def _attach_to_standing(
 ) -> int:
     import time
 
-    from monitor.client import MonitorClient, MonitorUnreachable
+    from dyper.monitor.client import MonitorClient, MonitorUnreachable
 
     curve, monitor_key, key = keys
     with MonitorClient(args.monitor, curve=curve) as client:

@@ -28,13 +28,13 @@ from typing import Any, Literal
 
 from rich.console import Console
 
-from monitor.commands import CliError, add_monitor_argument, add_view_argument, window_arg
-from monitor.profile import Profile
-from monitor.search.calltree import CallTreeProfile
-from monitor.search.comparative import ComparativeProfile
-from monitor.search.interface import ProfileInterface
-from monitor.search.repl import Result, SearchSession, prompt_loop, render
-from monitor.windows import WindowSpec
+from dyper.monitor.commands import CliError, add_monitor_argument, add_view_argument, window_arg
+from dyper.monitor.profile import Profile
+from dyper.monitor.search.calltree import CallTreeProfile
+from dyper.monitor.search.comparative import ComparativeProfile
+from dyper.monitor.search.interface import ProfileInterface
+from dyper.monitor.search.repl import Result, SearchSession, prompt_loop, render
+from dyper.monitor.windows import WindowSpec
 
 NAME = "bottlenecks"
 
@@ -130,7 +130,7 @@ def read_source(
             raise CliError(f"{text} has no samples (expected collapsed stacks: `a;b;c 42` lines)")
         return Source(text, "collapsed", collapsed=tree)
     if text.isdigit() and int(text) > 0:
-        from monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
+        from dyper.monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
 
         call_args: dict[str, Any] = {"pid": int(text)}
         if window is not None:
@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
     if args.trigger is not None:
         if args.window is not None or not (args.source.isdigit() and not os.path.exists(args.source)):
             raise CliError("--trigger N needs a PID source, and no --window")
-        from monitor.commands.triggers import event_windows
+        from dyper.monitor.commands.triggers import event_windows
 
         _, args.window, normal = event_windows(args.monitor, int(args.source), args.trigger)
         if args.compare is None:

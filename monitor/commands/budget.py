@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import argparse
 
-from agent import DEFAULT_MONITOR
-from monitor.attach import AttachError, set_budget
-from monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
-from monitor.commands import CliError, budget_arg, endpoint_arg, pid_arg
+from dyper.agent import DEFAULT_MONITOR
+from dyper.monitor.attach import AttachError, set_budget
+from dyper.monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
+from dyper.monitor.commands import CliError, budget_arg, endpoint_arg, pid_arg
 
 NAME = "budget"
 

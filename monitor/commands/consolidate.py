@@ -36,8 +36,8 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from monitor.commands import CliError, add_monitor_argument, duration_arg
-from monitor.consolidate import (
+from dyper.monitor.commands import CliError, add_monitor_argument, duration_arg
+from dyper.monitor.consolidate import (
     DEFAULT_THRESHOLD_PCT,
     SourceShares,
     collect_windows,
@@ -47,7 +47,7 @@ from monitor.consolidate import (
     parse_windows,
     report,
 )
-from monitor.profile import Profile
+from dyper.monitor.profile import Profile
 
 NAME = "consolidate"
 
@@ -124,7 +124,7 @@ def _note(message: str) -> None:
 
 
 def _from_monitor(args: argparse.Namespace, pids: list[int]) -> list[SourceShares]:
-    from monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
+    from dyper.monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
 
     def shares(profile: Profile, label: str, kind: str) -> SourceShares:
         return from_profile(profile, label, kind, metric=args.metric, charge_libraries=args.libraries)
@@ -169,7 +169,7 @@ def _from_monitor(args: argparse.Namespace, pids: list[int]) -> list[SourceShare
 
 
 def _table(rows: list[dict[str, Any]], data: dict[str, Any], title: str, limit: int, width: int) -> Table:
-    from monitor.views import _short
+    from dyper.monitor.views import _short
 
     per_source = len(data["sources"]) <= MAX_SOURCE_COLUMN and width >= 110
     basis = "self" if data["basis"] == "self_pct" else "total"

@@ -20,11 +20,11 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from monitor.commands import CliError, budget_arg, duration_arg
-from monitor.commands import attach as attach_cmd
+from dyper.monitor.commands import CliError, budget_arg, duration_arg
+from dyper.monitor.commands import attach as attach_cmd
 
 if TYPE_CHECKING:
-    from monitor.server import Monitor
+    from dyper.monitor.server import Monitor
 
 NAME = "demo"
 #: where the demo's dashboard listens; any free port when this one is taken
@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def dashboard_beside(http: str, open_browser: bool) -> object:
     """The dashboard on the demo's own monitor, for as long as the demo runs."""
-    from monitor.web.server import Dashboard, parse_http
+    from dyper.monitor.web.server import Dashboard, parse_http
 
     try:
         host, port = parse_http(http)
@@ -75,7 +75,10 @@ def dashboard_beside(http: str, open_browser: bool) -> object:
 
 def run(args: argparse.Namespace) -> int:
     service = subprocess.Popen(
-        [sys.executable, "-m", "monitor.demo.service"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        [sys.executable, "-m", "dyper.monitor.demo.service"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         assert service.stdout is not None

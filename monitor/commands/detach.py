@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from monitor.attach import AttachError, detach
-from monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
-from monitor.commands import CliError, add_monitor_argument, pid_arg
+from dyper.monitor.attach import AttachError, detach
+from dyper.monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
+from dyper.monitor.commands import CliError, add_monitor_argument, pid_arg
 
 NAME = "detach"
 

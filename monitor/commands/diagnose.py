@@ -40,12 +40,12 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
-from monitor.commands import CliError, add_monitor_argument, window_arg
-from monitor.commands.bottlenecks import read_source
-from monitor.consolidate import parse_threshold
-from monitor.search.diagnose import DESCRIPTIONS, Diagnosis, diagnose, diagnose_tree
-from monitor.search.repl import short_name
+from dyper.monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
+from dyper.monitor.commands import CliError, add_monitor_argument, window_arg
+from dyper.monitor.commands.bottlenecks import read_source
+from dyper.monitor.consolidate import parse_threshold
+from dyper.monitor.search.diagnose import DESCRIPTIONS, Diagnosis, diagnose, diagnose_tree
+from dyper.monitor.search.repl import short_name
 
 NAME = "diagnose"
 

@@ -32,10 +32,10 @@ import argparse
 import os
 import sys
 
-from monitor.commands import CliError, add_monitor_argument, add_view_argument
-from monitor.exports import FORMATS, Exporter, exporter_for, exporter_named
-from monitor.profile import Profile
-from monitor.windows import WindowSpec, parse_seconds
+from dyper.monitor.commands import CliError, add_monitor_argument, add_view_argument
+from dyper.monitor.exports import FORMATS, Exporter, exporter_for, exporter_named
+from dyper.monitor.profile import Profile
+from dyper.monitor.windows import WindowSpec, parse_seconds
 
 NAME = "export"
 
@@ -107,7 +107,7 @@ def _spec(args: argparse.Namespace) -> WindowSpec | None:
 
 
 def _from_monitor(args: argparse.Namespace, pid: int, spec: WindowSpec | None) -> Profile:
-    from monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
+    from dyper.monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
 
     call: dict[str, object] = {"pid": pid}
     if args.service:
@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     if args.trigger is not None:
         if not (source.isdigit() and int(source) > 0) or args.service:
             raise CliError("--trigger N needs a PID (and not --service)", code=2)
-        from monitor.commands.triggers import event_windows
+        from dyper.monitor.commands.triggers import event_windows
 
         event, during, normal = event_windows(args.monitor, int(source), args.trigger)
         spec = normal if args.normal else during

@@ -24,7 +24,7 @@ import os
 import re
 from pathlib import Path
 
-from monitor.commands import CliError
+from dyper.monitor.commands import CliError
 
 NAME = "keys"
 

@@ -43,14 +43,14 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.markup import escape
 
-from agent import DEFAULT_MONITOR, check_endpoint
-from monitor.commands import CliError
-from monitor.history import DEFAULT_MAX_AGE_S, DEFAULT_MAX_BYTES, History, HistoryError, Retention, parse_size
-from monitor.server import Monitor
-from monitor.windows import parse_seconds
+from dyper.agent import DEFAULT_MONITOR, check_endpoint
+from dyper.monitor.commands import CliError
+from dyper.monitor.history import DEFAULT_MAX_AGE_S, DEFAULT_MAX_BYTES, History, HistoryError, Retention, parse_size
+from dyper.monitor.server import Monitor
+from dyper.monitor.windows import parse_seconds
 
 if TYPE_CHECKING:
-    from monitor.curve import ServerKeys
+    from dyper.monitor.curve import ServerKeys
 
 NAME = "monitor"
 
@@ -137,7 +137,7 @@ def http_options(http: str | None, token: str | None) -> tuple[str, int, str | N
         if token is not None:
             raise CliError("--http-token goes with --http", code=2)
         return None
-    from monitor.web.server import is_loopback, parse_http
+    from dyper.monitor.web.server import is_loopback, parse_http
 
     try:
         host, port = parse_http(http)
@@ -178,7 +178,7 @@ def curve_options(args: argparse.Namespace) -> ServerKeys | None:
                 f"--control {args.control!r} has no CURVE, so it must stay on this host: ipc://PATH or loopback",
                 code=2,
             ) from None
-    from monitor.curve import CurveError, load_server_keys
+    from dyper.monitor.curve import CurveError, load_server_keys
 
     try:
         return load_server_keys(args.curve_secret, args.authorized)
@@ -207,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
 
     history = None
     if not args.no_history:
-        from monitor.history import default_path
+        from dyper.monitor.history import default_path
 
         try:
             history = History(args.history or default_path(), Retention(args.retain_age, args.retain_size))
@@ -245,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
                 loop.add_signal_handler(sig, stop.set)
         dashboard = None
         if http is not None:
-            from monitor.web.server import Dashboard
+            from dyper.monitor.web.server import Dashboard
 
             dashboard = Dashboard(monitor, *http)
             try:

@@ -18,10 +18,10 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
-from agent import DEFAULT_MONITOR
-from agent.core import THREAD_NAME
-from monitor.client import MonitorClient, MonitorUnreachable
-from monitor.commands import CliError, endpoint_arg
+from dyper.agent import DEFAULT_MONITOR
+from dyper.agent.core import THREAD_NAME
+from dyper.monitor.client import MonitorClient, MonitorUnreachable
+from dyper.monitor.commands import CliError, endpoint_arg
 
 NAME = "ps"
 _PYTHON = re.compile(r"^python(\d+(\.\d+)*)?[a-z]*$")

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from monitor.commands import CliError, add_monitor_argument, duration_arg
+from dyper.monitor.commands import CliError, add_monitor_argument, duration_arg
 
 NAME = "report"
 
@@ -42,8 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_report(args: argparse.Namespace) -> dict[str, Any]:
-    from monitor.profile import Profile
-    from monitor.report import report_of
+    from dyper.monitor.profile import Profile
+    from dyper.monitor.report import report_of
 
     source = args.source
     saved = os.path.exists(source)
@@ -64,7 +64,7 @@ def load_report(args: argparse.Namespace) -> dict[str, Any]:
 
 def _ask_monitor(args: argparse.Namespace, op: str) -> Any:
     """``op`` (report or profile) of the process ``args.source`` from the standing monitor, over ``--last``."""
-    from monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
+    from dyper.monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
 
     call: dict[str, object] = {"pid": int(args.source)}
     if args.last is not None:
@@ -254,7 +254,7 @@ def _timing(console: Console, section: dict[str, Any], limit: int) -> None:
 
 def _tasks(console: Console, section: dict[str, Any], limit: int) -> None:
     """asyncio: each loop's health, where handlers spend their wall time, the longest blocks with their stacks."""
-    from monitor.views import _short
+    from dyper.monitor.views import _short
 
     console.print(
         f"[bold]tasks (asyncio):[/] {section['passes']:,} passes, one every {section['interval_ms']:.0f} ms "

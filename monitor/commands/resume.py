@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from monitor.commands.pause import add_arguments, send
+from dyper.monitor.commands.pause import add_arguments, send
 
 NAME = "resume"
 

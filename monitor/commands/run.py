@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from monitor.commands import (
+from dyper.monitor.commands import (
     CliError,
     add_output_arguments,
     add_trigger_arguments,
@@ -35,11 +35,11 @@ from monitor.commands import (
     duration_arg,
     trigger_specs,
 )
-from monitor.embedded import Options, finish_output, profile_target
-from monitor.server import Monitor
+from dyper.monitor.embedded import Options, finish_output, profile_target
+from dyper.monitor.server import Monitor
 
 if TYPE_CHECKING:
-    from agent import CurveKeys
+    from dyper.agent import CurveKeys
 
 NAME = "run"
 AUTOSTART_DIR = str(Path(__file__).resolve().parent.parent / "autostart")
@@ -76,7 +76,7 @@ class Child:
         if self.done():
             return
         if reason == "duration" and monitor is not None:
-            from monitor.embedded import detach_via
+            from dyper.monitor.embedded import detach_via
 
             await detach_via(monitor, self.pid)
         # Ctrl-C already reached the child through the terminal; give it a moment.
@@ -110,7 +110,7 @@ def key_options(args: argparse.Namespace) -> tuple[CurveKeys | None, str | None,
 
     Checks the endpoint too: off loopback it needs them. Errors are CliErrors.
     """
-    from agent import check_endpoint, load_keys
+    from dyper.agent import check_endpoint, load_keys
 
     given_monitor_key, given_key = getattr(args, "monitor_key", None), getattr(args, "key", None)
     if not args.monitor:
@@ -227,7 +227,7 @@ def _run_with_standing_monitor(
     console: Console,
     keys: tuple[CurveKeys | None, str | None, str | None],
 ) -> int:
-    from monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
+    from dyper.monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
 
     curve, monitor_key, key = keys
     with MonitorClient(args.monitor, curve=curve) as client:
@@ -252,8 +252,8 @@ def _run_with_standing_monitor(
         except KeyboardInterrupt:
             proc.wait()
         if args.output:
-            from monitor.exports import exporter_for
-            from monitor.profile import Profile
+            from dyper.monitor.exports import exporter_for
+            from dyper.monitor.profile import Profile
 
             try:
                 data = client.call("profile", pid=proc.pid)

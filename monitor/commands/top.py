@@ -15,9 +15,9 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
-from monitor.commands import CliError, add_monitor_argument, add_view_argument, duration_arg, pid_arg
-from monitor.views import render_top
+from dyper.monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
+from dyper.monitor.commands import CliError, add_monitor_argument, add_view_argument, duration_arg, pid_arg
+from dyper.monitor.views import render_top
 
 NAME = "top"
 

@@ -46,9 +46,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from monitor.commands import CliError, add_monitor_argument, pid_arg
-from monitor.commands.report import clock_text
-from monitor.windows import WindowSpec
+from dyper.monitor.commands import CliError, add_monitor_argument, pid_arg
+from dyper.monitor.commands.report import clock_text
+from dyper.monitor.windows import WindowSpec
 
 NAME = "triggers"
 
@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def fetch(monitor: str, pid: int) -> list[dict[str, Any]]:
     """The events the standing monitor keeps for ``pid``; raises :class:`CliError`."""
-    from monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
+    from dyper.monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
 
     try:
         with MonitorClient(monitor, timeout=10.0) as client:

@@ -6,17 +6,17 @@ implementations: :class:`CallTreeProfile` for one call tree and
 (:mod:`monitor.search.suggest`) and zooming (:func:`zoom`) are written against
 the interface only::
 
-    from monitor.search import CallTreeProfile, zoom
+    from dyper.monitor.search import CallTreeProfile, zoom
     p = CallTreeProfile.from_collapsed(text)   # or CallTreeProfile.from_profile(profile, metric="cpu")
     s = p.summary(["handle", "parse"])
     p.cum_of(s), p.base_of(s), zoom(p, s, "top")
 """
 
-from monitor.search.calltree import CallTreeProfile, CallTreeSummary, CollapsedStats, function_key
-from monitor.search.comparative import ComparativeProfile, ComparativeSummary
-from monitor.search.interface import ProfileInterface, base_overlap, cum_overlap
-from monitor.search.suggest import SUGGESTERS, HighBase, HighBaseSpread, HighCum, Suggester, caller_split
-from monitor.search.zoom import DEFAULT_CUTOFF, zoom
+from dyper.monitor.search.calltree import CallTreeProfile, CallTreeSummary, CollapsedStats, function_key
+from dyper.monitor.search.comparative import ComparativeProfile, ComparativeSummary
+from dyper.monitor.search.interface import ProfileInterface, base_overlap, cum_overlap
+from dyper.monitor.search.suggest import SUGGESTERS, HighBase, HighBaseSpread, HighCum, Suggester, caller_split
+from dyper.monitor.search.zoom import DEFAULT_CUTOFF, zoom
 
 __all__ = [
     "DEFAULT_CUTOFF",

@@ -40,8 +40,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 if TYPE_CHECKING:
-    from monitor.profile import Profile
-    from monitor.session import Frame
+    from dyper.monitor.profile import Profile
+    from dyper.monitor.session import Frame
 
 #: "frame": a name is the whole frame string as written; "function": line numbers
 #: are dropped, so the lines of one function merge into one name.

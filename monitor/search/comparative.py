@@ -17,7 +17,7 @@ from typing import Literal
 
 import numpy as np
 
-from monitor.search.calltree import CallTreeProfile, CallTreeSummary, ExtensionListing, _batch
+from dyper.monitor.search.calltree import CallTreeProfile, CallTreeSummary, ExtensionListing, _batch
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,9 +74,9 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from monitor.search.interface import ProfileInterface, base_overlap, cum_overlap
-from monitor.search.suggest import HighBase, HighBaseSpread, HighCum, Suggester
-from monitor.search.zoom import DEFAULT_CUTOFF, Direction, zoom
+from dyper.monitor.search.interface import ProfileInterface, base_overlap, cum_overlap
+from dyper.monitor.search.suggest import HighBase, HighBaseSpread, HighCum, Suggester
+from dyper.monitor.search.zoom import DEFAULT_CUTOFF, Direction, zoom
 
 S = TypeVar("S")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Protocol, TypeVar
 
-from monitor.search.interface import ProfileInterface, base_overlap
+from dyper.monitor.search.interface import ProfileInterface, base_overlap
 
 S = TypeVar("S")
 

@@ -45,7 +45,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
-from monitor.search.interface import ProfileInterface
+from dyper.monitor.search.interface import ProfileInterface
 
 S = TypeVar("S")
 

@@ -21,11 +21,11 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from agent.budget import slowdown
-from monitor.exports import prune_floor
-from monitor.profile import DEFAULT_FLOOR_PCT, Metric, Profile
-from monitor.search.repl import short_name
-from monitor.session import Session, same_process
+from dyper.agent.budget import slowdown
+from dyper.monitor.exports import prune_floor
+from dyper.monitor.profile import DEFAULT_FLOOR_PCT, Metric, Profile
+from dyper.monitor.search.repl import short_name
+from dyper.monitor.session import Session, same_process
 
 #: Rows per table sent to the page; the floor already drops what is below 0.5%.
 MAX_ROWS = 300
@@ -47,7 +47,7 @@ def report(session: Session, profile: Profile) -> dict[str, Any]:
     report carries none, so the summary always has its first light.
     """
     try:
-        from monitor.report import report_of  # type: ignore[attr-defined,unused-ignore]
+        from dyper.monitor.report import report_of  # type: ignore[attr-defined,unused-ignore]
     except ImportError:
         return fallback_report(session, profile)
     result: dict[str, Any] = dict(report_of(profile))

@@ -38,13 +38,13 @@ from typing import Any, Literal
 
 from aiohttp import web
 
-from agent import protocol
-from monitor.profile import Profile
-from monitor.server import CONTROLS, Monitor
-from monitor.session import Session
-from monitor.views import samples_per_s, session_info
-from monitor.web import data
-from monitor.windows import WindowSpec
+from dyper.agent import protocol
+from dyper.monitor.profile import Profile
+from dyper.monitor.server import CONTROLS, Monitor
+from dyper.monitor.session import Session
+from dyper.monitor.views import samples_per_s, session_info
+from dyper.monitor.web import data
+from dyper.monitor.windows import WindowSpec
 
 #: the window the page starts with: the last minute
 DEFAULT_WINDOW = "-60s:"
@@ -211,7 +211,7 @@ class Dashboard:
     # --- the page -----------------------------------------------------------------------
 
     async def _index(self, request: web.Request) -> web.Response:
-        page = resources.files("monitor.web").joinpath("static/index.html").read_text(encoding="utf-8")
+        page = resources.files("dyper.monitor.web").joinpath("static/index.html").read_text(encoding="utf-8")
         return web.Response(text=page, content_type="text/html", headers={"Cache-Control": "no-cache"})
 
     async def _static(self, request: web.Request) -> web.Response:
@@ -219,7 +219,7 @@ class Dashboard:
         kind = STATIC_FILES.get(name)
         if kind is None:
             raise web.HTTPNotFound()
-        body = resources.files("monitor.web").joinpath(f"static/{name}").read_text(encoding="utf-8")
+        body = resources.files("dyper.monitor.web").joinpath(f"static/{name}").read_text(encoding="utf-8")
         return web.Response(text=body, content_type=kind, headers={"Cache-Control": "no-cache"})
 
     # --- reading requests ---------------------------------------------------------------
@@ -265,7 +265,7 @@ class Dashboard:
 
     async def processes(self) -> dict[str, Any]:
         """Figure 3: the Python processes on this host, and the sessions of ended ones."""
-        from monitor.commands.ps import python_processes
+        from dyper.monitor.commands.ps import python_processes
 
         sessions = self.monitor.sessions_info()
         monitored = {s["pid"] for s in sessions if s["connected"]}
@@ -285,7 +285,7 @@ class Dashboard:
         info = session_info(session)
         timeline = await self._timeline(session)
         process = profile.process
-        from monitor.services import service_of
+        from dyper.monitor.services import service_of
 
         return {
             "session": info,
@@ -346,7 +346,7 @@ class Dashboard:
 
     async def diagnosis(self, session: Session, window_text: str, threshold: float = 0.05) -> dict[str, Any]:
         """The automated diagnosis (ranked bottlenecks and the search history) of the window."""
-        from monitor.search.diagnose import diagnose
+        from dyper.monitor.search.diagnose import diagnose
 
         profile = await self._profile(session, self._window(window_text))
 
@@ -408,7 +408,7 @@ class Dashboard:
             raise BadRequest("metric is cpu or wall")
         if q.get("service") == "1":
             # the whole service (a pre-fork master and its workers), merged, from memory
-            from monitor.services import service_of, service_profile
+            from dyper.monitor.services import service_of, service_profile
 
             service = service_of(self.monitor.sessions.values(), session)
             window = self._window(q.get("window", DEFAULT_WINDOW))
@@ -425,8 +425,8 @@ class Dashboard:
 
     async def _control(self, request: web.Request) -> web.Response:
         """Figure 3's switches: attach, detach, monitoring on and off."""
-        from monitor.attach import AttachError, attach, detach
-        from monitor.commands.ps import has_agent
+        from dyper.monitor.attach import AttachError, attach, detach
+        from dyper.monitor.commands.ps import has_agent
 
         body = await self._body(request)
         try:
@@ -480,7 +480,7 @@ class Dashboard:
         budget = _budget_arg(body.get("budget"))
         configured = self.monitor.send_to_pid(session.pid, protocol.CONFIGURE, {"budget": budget})
         if not configured:
-            from monitor.attach import AttachError, set_budget
+            from dyper.monitor.attach import AttachError, set_budget
 
             try:
                 if not await asyncio.to_thread(set_budget, session.pid, budget):
@@ -497,7 +497,7 @@ class Dashboard:
         if action not in CONTROLS:
             raise BadRequest("action is pause, resume or reset")
         if not self.monitor.control(session.pid, action):
-            from monitor.attach import AttachError, control
+            from dyper.monitor.attach import AttachError, control
 
             try:
                 if not await asyncio.to_thread(control, session.pid, action):
@@ -509,9 +509,9 @@ class Dashboard:
 
     async def _search_new(self, request: web.Request) -> web.Response:
         """A bottleneck search over a window (or the window minus a base window: the comparative profile)."""
-        from monitor.search.calltree import CallTreeProfile
-        from monitor.search.comparative import ComparativeProfile
-        from monitor.search.repl import SearchSession
+        from dyper.monitor.search.calltree import CallTreeProfile
+        from dyper.monitor.search.comparative import ComparativeProfile
+        from dyper.monitor.search.repl import SearchSession
 
         body = await self._body(request)
         session = self._session(body)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from monitor.server import Monitor
+from dyper.monitor.server import Monitor
 
 TARGETS = Path(__file__).parent / "targets"
 REPO = Path(__file__).resolve().parents[2]
@@ -31,7 +31,7 @@ def dyper(
 ) -> subprocess.CompletedProcess[str]:
     """Run the real CLI in a subprocess, as a user would (``env``: added to the environment)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "monitor", *args],
+        [sys.executable, "-m", "dyper", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -82,7 +82,7 @@ class StandingMonitor:
             [
                 sys.executable,
                 "-m",
-                "monitor",
+                "dyper",
                 "monitor",
                 "--listen",
                 self.endpoint,
@@ -95,7 +95,7 @@ class StandingMonitor:
             cwd=REPO,
         )
         self.log.close()  # the monitor has its own descriptor
-        from monitor.client import MonitorClient, MonitorUnreachable
+        from dyper.monitor.client import MonitorClient, MonitorUnreachable
 
         deadline = time.monotonic() + 15
         with MonitorClient(self.endpoint, timeout=0.5) as client:
@@ -109,7 +109,7 @@ class StandingMonitor:
                     time.sleep(0.1)
 
     def call(self, op: str, **args: object) -> object:
-        from monitor.client import MonitorClient
+        from dyper.monitor.client import MonitorClient
 
         with MonitorClient(self.endpoint, timeout=3) as client:
             return client.call(op, **args)
@@ -163,7 +163,7 @@ def wait_for(predicate, timeout: float = 15.0, interval: float = 0.1, what: str 
 
 def split_shares(profile_json: dict[str, object]) -> tuple[float, float]:
     """(heavy %, light %) of heavy+light total cpu samples."""
-    from monitor.profile import Profile
+    from dyper.monitor.profile import Profile
 
     p = Profile.from_json(profile_json)
     rows = {r["name"]: r["total"] for r in p.functions("cpu")}
@@ -176,7 +176,7 @@ def split_tolerance(profile_json: dict[str, object], truth_pct: float) -> float:
     """How far the sampled heavy share may be from the truth: 5 points, or 3.5
     standard errors of a share estimated from this many samples if that is more
     (a few hundred samples put one standard error at 2 to 2.5 points)."""
-    from monitor.profile import Profile
+    from dyper.monitor.profile import Profile
 
     p = Profile.from_json(profile_json)
     rows = {r["name"]: r["total"] for r in p.functions("cpu")}

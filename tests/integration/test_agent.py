@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-import agent
-from agent.proflet import Collector
+from dyper import agent
+from dyper.agent.proflet import Collector
 from tests.integration.conftest import free_port, wait_for
 
 
@@ -69,7 +69,7 @@ def test_detach_from_the_monitor_stops_the_agent(monitor_thread, atexit_spy):
     agent.start(monitor_thread.endpoint, "5%")
     m = monitor_thread.monitor
     wait_for(lambda: m.session_for(os.getpid()), what="hello")
-    from agent import protocol
+    from dyper.agent import protocol
 
     monitor_thread.loop.call_soon_threadsafe(m.send_to_pid, os.getpid(), protocol.DETACH, {})
     wait_for(
@@ -85,7 +85,7 @@ def test_live_budget_change_reaches_the_agent(monitor_thread):
     try:
         m = monitor_thread.monitor
         wait_for(lambda: (s := m.session_for(os.getpid())) and s.reports, what="first report")
-        from agent import protocol
+        from dyper.agent import protocol
 
         monitor_thread.loop.call_soon_threadsafe(m.send_to_pid, os.getpid(), protocol.CONFIGURE, {"budget": 0.05})
         wait_for(lambda: agent._agent is not None and agent._agent.budget == 0.05, what="budget applied")

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from monitor import inject
-from monitor.attach import attach, detach
+from dyper.monitor import inject
+from dyper.monitor.attach import attach, detach
 from tests.integration.conftest import (
     TARGETS,
     MonitorThread,
@@ -39,7 +39,7 @@ state = {
     "gc_callbacks": len(gc.callbacks),
     "monitoring": [i for i in range(6) if sys.monitoring.get_tool(i)] if hasattr(sys, "monitoring") else [],
     # 3.11: cpu detailing's frame evaluation hook (PEP 523) is out again
-    "frame_hook": bool(getattr(sys.modules.get("agent._fastsample"), "frame_hook_installed", lambda: False)()),
+    "frame_hook": bool(getattr(sys.modules.get("dyper.agent._fastsample"), "frame_hook_installed", lambda: False)()),
     "agent_running": bool(mod is not None and getattr(mod, "__dyper__", False) and mod.is_running()),
     "sys_path": list(sys.path),
 }
@@ -180,7 +180,7 @@ def test_attach_without_permission_says_so(sleeping_main_target):
     ):
         pytest.skip("this interpreter cannot run as an unprivileged user here (its files are private to root)")
     proc = subprocess.run(
-        [*nobody, sys.executable, "-m", "monitor", "attach", str(sleeping_main_target.pid)],
+        [*nobody, sys.executable, "-m", "dyper", "attach", str(sleeping_main_target.pid)],
         capture_output=True,
         text=True,
         timeout=60,

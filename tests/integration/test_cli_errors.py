@@ -99,7 +99,7 @@ def _check(case: Case, code: object, stderr: str, names: dict[str, str]) -> None
 
 @pytest.mark.parametrize("case", ARGUMENTS, ids=_id)
 def test_bad_arguments_get_one_line_naming_them_and_the_fix(case: Case, capsys: pytest.CaptureFixture[str]) -> None:
-    from monitor.cli import main
+    from dyper.monitor.cli import main
 
     try:
         code: object = main(case[0])
@@ -116,7 +116,7 @@ def results() -> Iterator[tuple[dict[str, subprocess.CompletedProcess[str]], dic
 
     def run(case: Case) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "monitor", *(names.get(a, a) for a in case[0])],
+            [sys.executable, "-m", "dyper", *(names.get(a, a) for a in case[0])],
             capture_output=True,
             text=True,
             timeout=60,

@@ -20,8 +20,8 @@ from typing import Any
 
 import psutil
 
-from monitor.attach import attach, detach
-from monitor.client import MonitorClient, MonitorRefused
+from dyper.monitor.attach import attach, detach
+from dyper.monitor.client import MonitorClient, MonitorRefused
 from tests.integration.conftest import TARGETS, StandingMonitor, stop, wait_for
 from tests.integration.test_faults import _ask, _start
 

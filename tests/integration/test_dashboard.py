@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from monitor.commands.ps import has_agent
+from dyper.monitor.commands.ps import has_agent
 from tests.integration.conftest import StandingMonitor, free_port, stop, wait_for
 
 INSTALL = "apt-get install chromium chromium-driver (or set DYPER_SKIP_BROWSER=1 to skip the browser tests)"
@@ -122,7 +122,7 @@ def dashboard() -> Iterator[Visit]:
     # does): the demo's own load fires it at once. Its budget is the page's 2%, so nothing else moves.
     env = {**os.environ, "DYPER_TRIGGERS": json.dumps(["cpu > 5% for 0s, before 2s, after 2s, budget 2%"])}
     target = subprocess.Popen(
-        [sys.executable, "-m", "monitor.demo.service"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "dyper.monitor.demo.service"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=env,
     )  # fmt: skip
     profile_dir = tempfile.mkdtemp(prefix="dyper-chromium-")
@@ -155,7 +155,7 @@ def test_process_list_shows_the_target_and_attaches_to_it(dashboard):
     page.driver.get(page.url)
     row = f"document.querySelector('#process-table tr[data-pid=\"{target.pid}\"]')"
     page.until(row, "the target's row")
-    assert page.js(f"return {row}.textContent").find("monitor.demo.service") >= 0
+    assert page.js(f"return {row}.textContent").find("dyper.monitor.demo.service") >= 0
     attached, monitored = f"{row}.cells[2].querySelector('input')", f"{row}.cells[3].querySelector('input')"
     assert page.js(f"return [{attached}.checked, {monitored}.checked]") == [False, False]
 

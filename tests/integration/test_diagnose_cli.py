@@ -20,7 +20,7 @@ from tests.integration.conftest import REPO, TARGETS, dyper
 PLANTED = ("planted_cpu", "planted_lock")
 # 5%: a few hundred samples in 8 s at least, so that none of the 60 functions
 # planted at 1.5% reaches the 5% threshold by the luck of a few samples.
-RUN = [sys.executable, "-m", "monitor", "run", "-q", "--budget", "5%", "--duration", "8"]
+RUN = [sys.executable, "-m", "dyper", "run", "-q", "--budget", "5%", "--duration", "8"]
 
 
 @pytest.fixture(scope="module")

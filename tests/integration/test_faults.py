@@ -20,8 +20,8 @@ from typing import Any
 
 import psutil
 
-from agent.core import MAX_PENDING_STACKS, STOP_HANG_S, TICKER_DRAIN_AT
-from monitor.commands.run import child_env
+from dyper.agent.core import MAX_PENDING_STACKS, STOP_HANG_S, TICKER_DRAIN_AT
+from dyper.monitor.commands.run import child_env
 from tests.integration.conftest import REPO, TARGETS, StandingMonitor, free_port, start_target, stop, wait_for
 
 

@@ -18,7 +18,7 @@ import msgpack
 import psutil
 import zmq
 
-from agent import protocol
+from dyper.agent import protocol
 from tests.integration.conftest import TARGETS, stop, wait_for
 from tests.integration.test_monitor import start_with_agent
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from proflets.heap import LEAK_CENSUSES
+from dyper.proflets.heap import LEAK_CENSUSES
 from tests.integration.conftest import REPO, TARGETS, dyper, start_target, stop, wait_for
 
 PLANTED = TARGETS / "planted_heap.py"
@@ -60,7 +60,7 @@ def test_run_and_report_a_planted_leak(tmp_path):
     # Alongside: the same target under a maximum pause no census can keep to.
     skipping = subprocess.Popen(
         [
-            sys.executable, "-m", "monitor", "run", "-q", "--budget", "5%", "--duration", "6",
+            sys.executable, "-m", "dyper", "run", "-q", "--budget", "5%", "--duration", "6",
             "-o", str(skipped_out), "--", sys.executable, str(PLANTED),
         ],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from monitor.inject import InjectError, run_in_target
+from dyper.monitor.inject import InjectError, run_in_target
 
 pytestmark = [
     pytest.mark.skipif(
@@ -605,7 +605,7 @@ def test_vector_registers_survive_injection(
     vector register bit, whichever way the state is restored: by
     PTRACE_SETREGSET, or - on kernels where that fails, the reason gdb can't
     be used here - by the XRSTOR of the rt_sigreturn on our frame."""
-    import monitor.inject as inject_mod
+    from dyper.monitor import inject as inject_mod
 
     python = next((p.values[0] for p in INTERPRETERS if p.values[0]), None)
     if python is None:

@@ -11,8 +11,8 @@ import time
 import psutil
 import zmq
 
-from monitor.commands.ps import has_agent
-from monitor.commands.run import child_env
+from dyper.monitor.commands.ps import has_agent
+from dyper.monitor.commands.run import child_env
 from tests.integration.conftest import TARGETS, dyper, split_shares, start_target, stop, truth_share, wait_for
 
 

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import zmq
 
-from agent import protocol
-from monitor.client import MonitorClient
-from monitor.server import RECEIVE_AHEAD, Monitor, Received, Reply
+from dyper.agent import protocol
+from dyper.monitor.client import MonitorClient
+from dyper.monitor.server import RECEIVE_AHEAD, Monitor, Received, Reply
 from tests.integration.conftest import wait_for
 from tests.unit.test_session_profile import HELLO, make_report
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import zmq
 
-import agent
-from agent import protocol
-from agent.proflet import Collector, DetailContext
+from dyper import agent
+from dyper.agent import protocol
+from dyper.agent.proflet import Collector, DetailContext
 from tests.integration.conftest import MonitorThread, free_port, wait_for
 
 

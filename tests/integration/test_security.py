@@ -24,11 +24,11 @@ import psutil
 import pytest
 import zmq.auth
 
-import agent
-from monitor import cli
-from monitor.client import MonitorClient, MonitorUnreachable
-from monitor.commands.keys import make_pair
-from monitor.commands.run import child_env
+from dyper import agent
+from dyper.monitor import cli
+from dyper.monitor.client import MonitorClient, MonitorUnreachable
+from dyper.monitor.commands.keys import make_pair
+from dyper.monitor.commands.run import child_env
 from tests.integration.conftest import REPO, TARGETS, dyper, free_port, start_target, stop, wait_for
 
 
@@ -97,7 +97,7 @@ def curve_monitor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CurveMon
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [
-                *(sys.executable, "-m", "monitor", "monitor", "--listen", listen, "--no-history"),
+                *(sys.executable, "-m", "dyper", "monitor", "--listen", listen, "--no-history"),
                 *("--curve-secret", str(pairs["monitor"].secret), "--authorized", str(authorized)),
                 *("--control", control),
             ],
@@ -238,7 +238,7 @@ def test_dyper_run_streams_to_the_curve_monitor_with_keys(curve_monitor):
 
 
 def test_attach_passes_the_keys_into_the_target(curve_monitor):
-    from monitor.attach import attach, detach
+    from dyper.monitor.attach import attach, detach
 
     m = curve_monitor
     target = start_target(str(TARGETS / "split.py"), "60")
@@ -294,7 +294,7 @@ def test_a_forked_child_reuses_the_parents_keys(curve_monitor, tmp_path):
     key.write_bytes(m.agent.secret.read_bytes())
     code = f"""
 import os, sys, time
-import agent
+from dyper import agent
 agent.start({m.endpoint!r}, "5%", monitor_key={str(monitor_key)!r}, key={str(key)!r})
 os.unlink({str(monitor_key)!r}); os.unlink({str(key)!r})
 print("started", flush=True)
@@ -358,7 +358,7 @@ def test_dyper_keys_makes_a_private_pair_and_will_not_overwrite_it(tmp_path, cap
 
 
 def test_the_default_control_endpoint_is_private(tmp_path, monkeypatch):
-    from monitor.curve import default_control
+    from dyper.monitor.curve import default_control
 
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     endpoint = default_control(7341)

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from agent.budget import (
+from dyper.agent.budget import (
     MAX_REPORT_DELAY_S,
     MIN_REPORT_DELAY_S,
     MIN_SAMPLE_DELAY_S,

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from agent.budget import ProfletCosts
-from agent.core import BURST_SLACK_S, Agent
-from agent.proflet import Collector
-from agent.schedule import cost
+from dyper.agent.budget import ProfletCosts
+from dyper.agent.core import BURST_SLACK_S, Agent
+from dyper.agent.proflet import Collector
+from dyper.agent.schedule import cost
 
 BUDGET = 0.05
 

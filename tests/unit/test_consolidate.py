@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from monitor.consolidate import (
+from dyper.monitor.consolidate import (
     Consolidated,
     SourceShares,
     collect_windows,
@@ -20,9 +20,9 @@ from monitor.consolidate import (
     parse_windows,
     report,
 )
-from monitor.exports import Collapsed
-from monitor.profile import Profile, StackCount
-from monitor.session import Frame
+from dyper.monitor.exports import Collapsed
+from dyper.monitor.profile import Profile, StackCount
+from dyper.monitor.session import Frame
 
 # Three sources where every number is known.
 #   A (10 samples): work 6 self, idle 4 self, main only on the stack.

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import zmq
 
-from agent import protocol
-from agent.core import Agent
-from monitor.profile import Profile
-from monitor.report import report_of
+from dyper.agent import protocol
+from dyper.agent.core import Agent
+from dyper.monitor.profile import Profile
+from dyper.monitor.report import report_of
 from tests.unit.test_session_profile import make_report, session_with
 
 
@@ -111,7 +111,7 @@ def test_a_paused_agent_takes_its_gc_callback_out_and_puts_it_back_on_resume():
     # nothing of ours may run in the application's threads.
     import gc
 
-    from proflets.memory import MemoryCollector
+    from dyper.proflets.memory import MemoryCollector
 
     monitor = Monitor()
     memory = MemoryCollector()
@@ -168,7 +168,7 @@ def test_a_boost_raises_the_budget_up_to_the_ceiling_for_its_time_then_returns(r
 
 
 def test_marks_past_the_limit_drop_the_oldest_and_are_counted():
-    from agent.core import MAX_PENDING_MARKS
+    from dyper.agent.core import MAX_PENDING_MARKS
 
     a = Agent("tcp://127.0.0.1:9", 0.01, proflets=())  # never started: marks only queue
     for i in range(MAX_PENDING_MARKS + 5):
@@ -207,7 +207,7 @@ def test_a_reset_starts_the_whole_run_afresh_and_the_windows_keep_the_old():
     assert [(m["name"], m["kind"]) for m in report["marks"]] == [("reset", "reset"), ("deploy", "mark")]
 
     # History keeps the reset: a restored session has the same whole run.
-    from monitor.session import FrameTable, Session
+    from dyper.monitor.session import FrameTable, Session
 
     restored = Session.restore(s.key, s.hello, FrameTable(), s.snapshot(), {})
     assert restored.duration_s() == pytest.approx(4.0)
@@ -216,7 +216,7 @@ def test_a_reset_starts_the_whole_run_afresh_and_the_windows_keep_the_old():
 
 
 def test_the_module_calls_check_their_arguments_and_do_nothing_without_an_agent():
-    import agent
+    from dyper import agent
 
     assert not agent.is_running()
     for bad in (("200%", 5), ("5%", 0), ("5%", 3601), ("five", 5)):
@@ -231,7 +231,7 @@ def test_the_module_calls_check_their_arguments_and_do_nothing_without_an_agent(
 
 
 def test_a_predicate_trigger_splits_the_report_boosts_to_the_ceiling_and_reports_at_its_end():
-    from agent.triggers import TriggerSpec
+    from dyper.agent.triggers import TriggerSpec
 
     # At 0.1% reports come every 30 s after the first: the event's "before" falls inside the window.
     monitor = Monitor()
@@ -267,7 +267,7 @@ def test_a_predicate_trigger_splits_the_report_boosts_to_the_ceiling_and_reports
 
 
 def test_a_failure_in_the_triggers_switches_them_off_and_sampling_goes_on(rig, monkeypatch):
-    from agent.triggers import Triggers, TriggerSpec
+    from dyper.agent.triggers import Triggers, TriggerSpec
 
     a, monitor = rig
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from agent import _fastsample
-from agent.proflet import DetailContext
-from proflets.cpu import (
+from dyper.agent import _fastsample
+from dyper.agent.proflet import DetailContext
+from dyper.proflets.cpu import (
     LOSS_FACTOR_MAX,
     CpuAnalyzer,
     CpuCollector,
@@ -211,7 +211,7 @@ def test_the_analyzer_says_which_c_call_takes_a_function_s_time() -> None:
 def test_calibration_interleaves_plain_and_hooked_runs_and_times_each_after_a_warm_one() -> None:
     # Timed in two batches, a change of the machine's speed between them went into
     # the difference (a calibration in a dozen came out at a third of the real cost).
-    from proflets.base import paired_best
+    from dyper.proflets.base import paired_best
 
     log: list[str] = []
     hooked = False
@@ -335,7 +335,7 @@ def test_a_yappi_burst_is_charged_its_slow_path_under_code_that_calls_nothing() 
 
 
 def test_a_thread_s_calls_are_slowed_as_far_as_its_pace_lets_them_be() -> None:
-    from proflets.cpu import GAIN_MAX, thread_gains
+    from dyper.proflets.cpu import GAIN_MAX, thread_gains
 
     # 1 s before the burst, 0.5 s of burst; the slow path takes half of bytecode's time
     before, start = (10.0, {1: 0.0, 2: 0.0, 3: 0.0, 4: 0.0, 6: 0.0}), (11.0, {1: 0.25, 2: 0.2, 3: 0.2, 4: 0.0, 6: 0.2})
@@ -478,10 +478,10 @@ def test_a_child_forked_during_a_frame_hook_burst_runs_without_the_hook() -> Non
     script = textwrap.dedent(
         """
         import os
-        import agent
-        from agent import _fastsample as f
-        from agent.proflet import DetailContext
-        from proflets.cpu import CpuCollector
+        from dyper import agent
+        from dyper.agent import _fastsample as f
+        from dyper.agent.proflet import DetailContext
+        from dyper.proflets.cpu import CpuCollector
 
         def hot(x):
             return x

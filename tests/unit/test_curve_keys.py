@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from agent import check_endpoint, is_loopback_endpoint, load_keys
-from monitor.commands.keys import make_pair
-from monitor.curve import CurveError, load_server_keys, read_authorized
+from dyper.agent import check_endpoint, is_loopback_endpoint, load_keys
+from dyper.monitor.commands.keys import make_pair
+from dyper.monitor.curve import CurveError, load_server_keys, read_authorized
 
 
 def test_off_loopback_needs_curve_and_loopback_does_not():

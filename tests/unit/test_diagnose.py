@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from monitor.profile import Profile, StackCount
-from monitor.search.calltree import CallTreeProfile
-from monitor.search.diagnose import Diagnosis, Step, classify_wait, diagnose, diagnose_tree
-from monitor.session import Frame
+from dyper.monitor.profile import Profile, StackCount
+from dyper.monitor.search.calltree import CallTreeProfile
+from dyper.monitor.search.diagnose import Diagnosis, Step, classify_wait, diagnose, diagnose_tree
+from dyper.monitor.session import Frame
 
 APP = "/srv/app.py"
 THREADING = "/usr/lib/python3.11/threading.py"

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from monitor.cli import main
-from monitor.exports import OwnJson
-from monitor.pprof import profile_pb2
-from monitor.profile import Profile
+from dyper.monitor.cli import main
+from dyper.monitor.exports import OwnJson
+from dyper.monitor.pprof import profile_pb2
+from dyper.monitor.profile import Profile
 from tests.unit.test_exports import STACKS, _check_speedscope_schema, _html_data, expected
 from tests.unit.test_session_profile import make_report, session_with
 
@@ -56,7 +56,7 @@ def test_export_a_saved_profile(saved, tmp_path, capsys, name, fmt, written):
 
 
 def test_export_options_and_mistakes(saved, tmp_path, capfd, monkeypatch):
-    from monitor.commands import export
+    from dyper.monitor.commands import export
 
     monkeypatch.setattr(export, "PING_TIMEOUT_S", 0.3)
     assert main(["export", str(saved), "-o", "-", "--format", "collapsed", "--metric", "wall", "--libraries"]) == 0

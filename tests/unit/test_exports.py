@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from monitor.exports import (
+from dyper.monitor.exports import (
     EXPORTERS,
     Collapsed,
     FlameGraphHtml,
@@ -19,8 +19,8 @@ from monitor.exports import (
     exporter_for,
     exporter_named,
 )
-from monitor.pprof import profile_pb2
-from monitor.profile import Profile
+from dyper.monitor.pprof import profile_pb2
+from dyper.monitor.profile import Profile
 from tests.unit.test_session_profile import make_report, session_with
 
 # main -> f (thread 7, 30); main -> f -> g (thread 7, 10); a blocked main (thread 8, 60: wall only);
@@ -154,8 +154,8 @@ def test_pprof_decodes_to_the_same_samples_functions_and_locations(profile):
 
 
 def test_pprof_names_that_pprof_would_hide_get_their_module():
-    from monitor.profile import StackCount
-    from monitor.session import Frame
+    from dyper.monitor.profile import StackCount
+    from dyper.monitor.session import Frame
 
     frames = [Frame("/srv/app.py", "<module>", 1, 3), Frame("/srv/app.py", "f.<locals>.<lambda>", 5, 5)]
     p = Profile(frames, [StackCount(1, (0, 1), 4, 4)], {1: "MainThread"}, {"pid": 1})
@@ -210,7 +210,7 @@ def test_html_flame_graph_round_trip_and_self_contained(profile, metric):
 
 
 def test_html_keeps_hostile_names_inert(profile):
-    from monitor.session import Frame
+    from dyper.monitor.session import Frame
 
     profile.frames[1] = Frame("/app/x.py", "</script><script>alert(1)</script>&amp;", 10, 11)
     text = FlameGraphHtml("cpu").render(profile)

@@ -1,4 +1,4 @@
-"""agent._fastsample (the C stack walker) against the Python reference walker.
+"""dyper.agent._fastsample (the C stack walker) against the Python reference walker.
 
 The reference is the agent's own ``Agent._sample_python``; the C walker must
 produce the same counts, through the same ``new_loc`` calls, for threads in
@@ -26,11 +26,11 @@ from typing import Any
 
 import pytest
 
-from agent.core import Agent
-from agent.tables import Tables
+from dyper.agent.core import Agent
+from dyper.agent.tables import Tables
 
 try:  # the C extension, when it was built
-    _fastsample: Any = importlib.import_module("agent._fastsample")
+    _fastsample: Any = importlib.import_module("dyper.agent._fastsample")
 except ImportError as exc:  # pragma: no cover - depends on the build
     _fastsample = None
     _IMPORT_ERROR = f"{type(exc).__name__}: {exc}"
@@ -41,7 +41,7 @@ pytestmark = [
     pytest.mark.skipif(
         _fastsample is None,
         reason=(
-            "agent._fastsample was not built for this interpreter "
+            "dyper.agent._fastsample was not built for this interpreter "
             f"({sys.implementation.name} {sys.version.split()[0]}: "
             f"{_IMPORT_ERROR or 'not built'}); "
             "build it with `pip install -e .` on CPython 3.11-3.13"

@@ -27,10 +27,10 @@ import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent import protocol
-from agent.budget import MAX_DETAIL_DELAY_S, MAX_REPORT_DELAY_S, MAX_SAMPLE_DELAY_S
-from agent.core import RESYNC_MIN_S, Agent
-from agent.proflet import Collector
+from dyper.agent import protocol
+from dyper.agent.budget import MAX_DETAIL_DELAY_S, MAX_REPORT_DELAY_S, MAX_SAMPLE_DELAY_S
+from dyper.agent.core import RESYNC_MIN_S, Agent
+from dyper.agent.proflet import Collector
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 BUDGET = 0.02

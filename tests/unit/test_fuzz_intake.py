@@ -22,9 +22,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent import protocol
-from agent.core import Agent
-from monitor.server import Monitor
+from dyper.agent import protocol
+from dyper.agent.core import Agent
+from dyper.monitor.server import Monitor
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 #: Memory one frame may cost beyond MAX_EXPANSION times its size: the handler's own

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from agent.proflet import DetailContext
-from monitor.commands.report import _heap
-from proflets.base import ReportView
-from proflets.heap import (
+from dyper.agent.proflet import DetailContext
+from dyper.monitor.commands.report import _heap
+from dyper.proflets.base import ReportView
+from dyper.proflets.heap import (
     LEAK_CENSUSES,
     MAX_PAUSE_MS,
     TABLE_ROWS,
@@ -273,7 +273,7 @@ def test_the_table_reads_well() -> None:
 def test_with_no_census_yet_the_report_says_why() -> None:
     from types import SimpleNamespace
 
-    from monitor.session import AgentState
+    from dyper.monitor.session import AgentState
 
     # At 1% the guard saves up 100 ms: a census planned at 150 ms cannot be paid for.
     agent = AgentState("a", budget=0.01, proflets={"heap": {"ovhd_ms": 150.0}})

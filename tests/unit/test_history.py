@@ -6,12 +6,12 @@ import time
 
 import pytest
 
-from agent import protocol
-from monitor.history import History, HistoryError, Retention, parse_size
-from monitor.profile import Profile
-from monitor.server import Monitor
-from monitor.session import WINDOW_RETENTION_S
-from monitor.windows import WindowSpec
+from dyper.agent import protocol
+from dyper.monitor.history import History, HistoryError, Retention, parse_size
+from dyper.monitor.profile import Profile
+from dyper.monitor.server import Monitor
+from dyper.monitor.session import WINDOW_RETENTION_S
+from dyper.monitor.windows import WindowSpec
 from tests.unit.test_session_profile import HELLO, make_report, session_with
 
 ID = b"h:1:x"

@@ -18,14 +18,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent import protocol
-from agent.protocol import LOC_AGENT, LOC_BLOCKING, LOC_LOCK
-from monitor.history import History, Retention
-from monitor.session import WINDOW_RETENTION_S, FrameTable, Session, StackKey
-from proflets import cpu
-from proflets.base import KINDS, ReportView
-from proflets.io import IoAnalyzer
-from proflets.threads import ThreadsAnalyzer
+from dyper.agent import protocol
+from dyper.agent.protocol import LOC_AGENT, LOC_BLOCKING, LOC_LOCK
+from dyper.monitor.history import History, Retention
+from dyper.monitor.session import WINDOW_RETENTION_S, FrameTable, Session, StackKey
+from dyper.proflets import cpu
+from dyper.proflets.base import KINDS, ReportView
+from dyper.proflets.io import IoAnalyzer
+from dyper.proflets.threads import ThreadsAnalyzer
 from tests.unit import test_io as io_case
 from tests.unit.test_fuzz_intake import broken_reports, report_bodies
 from tests.unit.test_session_profile import HELLO, make_report

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from monitor.inject import InjectError, TargetInfo, preflight
+from dyper.monitor.inject import InjectError, TargetInfo, preflight
 
 pytestmark = [
     pytest.mark.skipif(

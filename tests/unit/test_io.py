@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from agent.proflet import DetailContext, ReportContext
-from agent.protocol import LOC_BLOCKING, LOC_IO
-from agent.tables import _instructions, callee_name
-from monitor.session import FrameTable, Session
-from proflets import io as iop
-from proflets.io import Hit, IoAnalyzer, IoCollector, classify, dotted_name, library_roots, load_routines, read_io
+from dyper.agent.proflet import DetailContext, ReportContext
+from dyper.agent.protocol import LOC_BLOCKING, LOC_IO
+from dyper.agent.tables import _instructions, callee_name
+from dyper.monitor.session import FrameTable, Session
+from dyper.proflets import io as iop
+from dyper.proflets.io import Hit, IoAnalyzer, IoCollector, classify, dotted_name, library_roots, load_routines, read_io
 
 ROOTS = library_roots({"stdlib": "/usr/lib/python3.11", "purelib": "/usr/lib/python3.11/site-packages"})
 

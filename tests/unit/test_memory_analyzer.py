@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from monitor.commands.report import render
-from proflets.base import ReportView
-from proflets.memory import DYPER, MemoryAnalyzer, SiteTotals
-from proflets.memory_stacks import StacksAnalyzer
+from dyper.monitor.commands.report import render
+from dyper.proflets.base import ReportView
+from dyper.proflets.memory import DYPER, MemoryAnalyzer, SiteTotals
+from dyper.proflets.memory_stacks import StacksAnalyzer
 
 APP = "/srv/app.py"
 

@@ -2,8 +2,8 @@
 
 import msgpack
 
-from agent import protocol
-from monitor.server import Monitor
+from dyper.agent import protocol
+from dyper.monitor.server import Monitor
 from tests.unit.test_session_profile import HELLO, make_report
 
 ID = b"h:1:x"

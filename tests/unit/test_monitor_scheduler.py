@@ -5,10 +5,10 @@ import random
 
 import pytest
 
-from agent import protocol
-from agent.budget import plan
-from agent.schedule import DetailQueue, DetailScheduler
-from monitor.scheduler import BURST_TIMEOUT_S, AgentSchedule
+from dyper.agent import protocol
+from dyper.agent.budget import plan
+from dyper.agent.schedule import DetailQueue, DetailScheduler
+from dyper.monitor.scheduler import BURST_TIMEOUT_S, AgentSchedule
 
 
 def _report(proflets=None, details=(), budget=0.05, samples=100, sample_s=0.005, lag=0.0):

@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from agent import procfs
-from proflets.threads import SchedCounters, _schedstat
+from dyper.agent import procfs
+from dyper.proflets.threads import SchedCounters, _schedstat
 
 
 def _os_read(path: str, limit: int) -> bytes:

@@ -4,7 +4,7 @@ import importlib.metadata
 
 import pytest
 
-import proflets
+from dyper import proflets
 
 
 def test_builtin_names_alone_never_read_distribution_metadata(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,8 +1,8 @@
 import msgpack
 import pytest
 
-from agent import protocol
-from agent.protocol import DecodeError, decode, encode, parse_budget
+from dyper.agent import protocol
+from dyper.agent.protocol import DecodeError, decode, encode, parse_budget
 
 
 def report(**over):

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from agent.budget import ProfletCosts, cost, plan
-from agent.schedule import (
+from dyper.agent.budget import ProfletCosts, cost, plan
+from dyper.agent.schedule import (
     BurstCost,
     DetailQueue,
     DetailScheduler,

@@ -14,8 +14,8 @@ from unittest import mock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from monitor.search import CallTreeProfile, CallTreeSummary, ComparativeProfile, zoom
-from monitor.search.zoom import Direction
+from dyper.monitor.search import CallTreeProfile, CallTreeSummary, ComparativeProfile, zoom
+from dyper.monitor.search.zoom import Direction
 
 NAMES = "abcdef"
 Stacks = list[tuple[list[str], int]]
@@ -94,7 +94,7 @@ def test_summaries_under_another_add_nothing_to_a_total(stacks: Stacks, paths: P
 def test_lazy_prefix_totals_match_one_total_per_prefix(stacks: Stacks, paths: Paths, first_batch: int) -> None:
     p = CallTreeProfile.from_stacks(stacks)
     found = summaries_of(p, paths)
-    with mock.patch("monitor.search.calltree._FIRST_BATCH", first_batch):
+    with mock.patch("dyper.monitor.search.calltree._FIRST_BATCH", first_batch):
         for summaries in [found, *(p.top_extension_summaries(s) for s in found)]:
             p.clear_caches()
             expected = [p.total_cum_of(summaries[:n]) for n in range(1, len(summaries) + 1)]
@@ -214,7 +214,7 @@ def test_comparative_zoom_matches_the_interface_zoom(
 ) -> None:
     cp = ComparativeProfile(CallTreeProfile.from_stacks(a), CallTreeProfile.from_stacks(b))
     plain = WithoutRanking(cp)
-    with mock.patch("monitor.search.calltree._FIRST_BATCH", first_batch):
+    with mock.patch("dyper.monitor.search.calltree._FIRST_BATCH", first_batch):
         for s in [s for s in (cp.summary(path) for path in paths) if s is not None]:
             fast = zoom(cp, s, direction, cutoff)
             expected = zoom(plain, s, direction, cutoff)  # type: ignore[arg-type]
@@ -226,7 +226,7 @@ def test_comparative_zoom_matches_the_interface_zoom(
 @given(stacks_strategy, paths_strategy, st.sampled_from([1, 2, 16]))
 def test_ranked_extensions_match_the_interface(stacks: Stacks, paths: Paths, first_batch: int) -> None:
     p = CallTreeProfile.from_stacks(stacks)
-    with mock.patch("monitor.search.calltree._FIRST_BATCH", first_batch):
+    with mock.patch("dyper.monitor.search.calltree._FIRST_BATCH", first_batch):
         for s in summaries_of(p, paths) + p.initial_summaries():
             for direction in ("top", "bottom"):
                 p.clear_caches()

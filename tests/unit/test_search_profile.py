@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import pytest
 
-from monitor.exports import Collapsed
-from monitor.profile import Profile, StackCount
-from monitor.search import (
+from dyper.monitor.exports import Collapsed
+from dyper.monitor.profile import Profile, StackCount
+from dyper.monitor.search import (
     SUGGESTERS,
     CallTreeProfile,
     CallTreeSummary,
@@ -34,7 +34,7 @@ from monitor.search import (
     function_key,
     zoom,
 )
-from monitor.session import Frame
+from dyper.monitor.session import Frame
 
 FIGURE_2 = """\
 a 1

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from monitor.search import CallTreeProfile, CallTreeSummary, ComparativeProfile, zoom
+from dyper.monitor.search import CallTreeProfile, CallTreeSummary, ComparativeProfile, zoom
 
 Node = tuple[str, ...]
 Stacks = list[tuple[list[str], int]]

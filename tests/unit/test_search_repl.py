@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from monitor.cli import main
-from monitor.search import CallTreeProfile, ComparativeProfile
-from monitor.search.repl import SearchSession, prompt_loop, render, short_name, split_script
+from dyper.monitor.cli import main
+from dyper.monitor.search import CallTreeProfile, ComparativeProfile
+from dyper.monitor.search.repl import SearchSession, prompt_loop, render, short_name, split_script
 
 FIGURE_2 = "a 1\na;b 2\na;b;c 5\na;b;c;d 30\na;b;c;e 52\na;c 10\n"
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from monitor.services import group, service_of, service_profile
-from monitor.session import FrameTable, Session
-from monitor.windows import WindowSpec
+from dyper.monitor.services import group, service_of, service_profile
+from dyper.monitor.session import FrameTable, Session
+from dyper.monitor.windows import WindowSpec
 
 
 def hello(pid: int, ppid: int, start: float, host: str = "h", **extra: Any) -> dict[str, Any]:

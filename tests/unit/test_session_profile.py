@@ -2,10 +2,10 @@ import json
 
 import pytest
 
-from agent.protocol import LOC_BLOCKING
-from monitor.exports import Collapsed, OwnJson, Speedscope, exporter_for
-from monitor.profile import Profile
-from monitor.session import FrameTable, Session, UnknownLocation
+from dyper.agent.protocol import LOC_BLOCKING
+from dyper.monitor.exports import Collapsed, OwnJson, Speedscope, exporter_for
+from dyper.monitor.profile import Profile
+from dyper.monitor.session import FrameTable, Session, UnknownLocation
 
 HELLO = {
     "agent": "h:1:x",

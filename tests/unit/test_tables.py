@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from agent.protocol import LOC_BLOCKING, LOC_IO, LOC_LOCK, LOC_SLEEP, LOC_WAIT
-from agent.tables import MAX_LOCATIONS, RUNS, UNDECIDED, WAITS, Tables, callee_name
+from dyper.agent.protocol import LOC_BLOCKING, LOC_IO, LOC_LOCK, LOC_SLEEP, LOC_WAIT
+from dyper.agent.tables import MAX_LOCATIONS, RUNS, UNDECIDED, WAITS, Tables, callee_name
 
 
 def _leaf_of(thread: threading.Thread):
@@ -113,7 +113,7 @@ def test_wait_kinds_of_parked_threads():
     import socket
     import sys as _sys
 
-    from agent.tables import wait_kind
+    from dyper.agent.tables import wait_kind
 
     lock, rlock = threading.Lock(), threading.RLock()
     cond = threading.Condition(threading.RLock())

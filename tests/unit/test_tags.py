@@ -7,11 +7,11 @@ import sys
 
 import pytest
 
-import agent
-from agent.protocol import TAG_FILE
-from monitor.profile import Profile, StackCount
-from monitor.report import report_of
-from monitor.session import Frame
+from dyper import agent
+from dyper.agent.protocol import TAG_FILE
+from dyper.monitor.profile import Profile, StackCount
+from dyper.monitor.report import report_of
+from dyper.monitor.session import Frame
 
 
 def test_a_tagged_function_runs_under_a_frame_named_for_the_tag():

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from proflets import tasks as tasks_proflet
-from proflets.base import ReportView
-from proflets.tasks import TasksAnalyzer, TasksCollector, task_group
+from dyper.proflets import tasks as tasks_proflet
+from dyper.proflets.base import ReportView
+from dyper.proflets.tasks import TasksAnalyzer, TasksCollector, task_group
 
 
 async def inner() -> None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from proflets.base import ReportView
-from proflets.threads import ThreadsAnalyzer
+from dyper.proflets.base import ReportView
+from dyper.proflets.threads import ThreadsAnalyzer
 
 MAIN = 1
 

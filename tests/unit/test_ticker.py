@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from agent import core
+from dyper.agent import core
 
 fast: Any = core._fast
 pytestmark = pytest.mark.skipif(fast is None or not getattr(fast, "TICKER", 0), reason="no C ticker on this platform")

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from agent.triggers import Ring, Triggers, TriggerSpec, load_file, parse_trigger
+from dyper.agent.triggers import Ring, Triggers, TriggerSpec, load_file, parse_trigger
 
 
 def test_conditions_and_options_read_as_written():

@@ -9,11 +9,11 @@ import urllib.request
 
 import pytest
 
-from monitor.profile import Profile, StackCount
-from monitor.server import Monitor
-from monitor.session import Frame
-from monitor.web import data
-from monitor.web.server import Dashboard, is_loopback, parse_http
+from dyper.monitor.profile import Profile, StackCount
+from dyper.monitor.server import Monitor
+from dyper.monitor.session import Frame
+from dyper.monitor.web import data
+from dyper.monitor.web.server import Dashboard, is_loopback, parse_http
 
 
 def _profile(a: int, b: int) -> Profile:
@@ -141,7 +141,7 @@ def test_guard_with_token():
 
 
 def test_the_call_tree_of_a_whole_service_merges_its_processes():
-    from agent import protocol
+    from dyper.agent import protocol
     from tests.unit.test_services import hello, report
 
     def check_with(monitor: Monitor):  # type: ignore[no-untyped-def]

@@ -4,8 +4,8 @@ The README's example, tested as a plug-in: registered under the
 ``dyper.proflets`` entry-point group by its own distribution's metadata.
 """
 
-from agent.proflet import Collector
-from proflets.base import Analyzer, Status, confidence_of
+from dyper.agent.proflet import Collector
+from dyper.proflets.base import Analyzer, Status, confidence_of
 
 
 class FdsCollector(Collector):

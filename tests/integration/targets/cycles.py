@@ -22,7 +22,7 @@ import threading
 import time
 import tracemalloc
 
-import agent
+from dyper import agent
 
 
 class AtexitSpy:
@@ -55,7 +55,9 @@ def probe():
         "fds": len(os.listdir("/proc/self/fd")),
         "monitoring": [i for i in range(6) if sys.monitoring.get_tool(i)] if hasattr(sys, "monitoring") else [],
         # 3.11: cpu detailing's frame evaluation hook (PEP 523) is out again
-        "frame_hook": bool(getattr(sys.modules.get("agent._fastsample"), "frame_hook_installed", lambda: False)()),
+        "frame_hook": bool(
+            getattr(sys.modules.get("dyper.agent._fastsample"), "frame_hook_installed", lambda: False)()
+        ),
         "gc_callbacks": [repr(c) for c in gc.callbacks],
         "tracemalloc": tracemalloc.is_tracing(),
         "profile": repr(sys.getprofile()),
@@ -70,7 +72,7 @@ def probe():
         "agent_running": agent.is_running(),
         "blocks": sys.getallocatedblocks(),
         # the agent's bounded cache of decoded code objects, kept across runs (agent.tables)
-        "decoded_cache": len(getattr(sys.modules.get("agent.tables"), "_decoded", ())),
+        "decoded_cache": len(getattr(sys.modules.get("dyper.agent.tables"), "_decoded", ())),
     }
 
 

@@ -18,8 +18,8 @@ import sys
 import threading
 import time
 
-import agent
-from agent.proflet import Collector
+from dyper import agent
+from dyper.agent.proflet import Collector
 
 monitor, out = sys.argv[1], sys.argv[2]
 forever = threading.Event()  # never set

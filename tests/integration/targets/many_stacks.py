@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 
-import agent
+from dyper import agent
 
 churn = threading.Event()
 

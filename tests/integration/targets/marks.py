@@ -2,7 +2,7 @@
 
 import time
 
-import agent
+from dyper import agent
 
 print("ready", flush=True)
 marked = False

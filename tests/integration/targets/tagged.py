@@ -3,7 +3,7 @@
 import sys
 import time
 
-import agent
+from dyper import agent
 
 
 def pay(n: int) -> int:

@@ -1,0 +1,7 @@
+"""``python -m dyper``: the ``dyper`` command."""
+
+import sys
+
+from dyper.monitor.cli import main
+
+sys.exit(main())
