@@ -57,9 +57,6 @@ __all__ = [
     "trigger",
 ]
 
-#: Tells dyper's bootstrap this is dyper's agent and not another package named "agent".
-__dyper__ = True
-
 #: Where agents look for a monitor when none is given: loopback only.
 DEFAULT_MONITOR = "tcp://127.0.0.1:7341"
 

@@ -30,7 +30,7 @@ from tests.integration.conftest import (
 
 PROBE = r"""
 import gc, json, os, sys, threading, tracemalloc
-mod = sys.modules.get("agent")
+mod = sys.modules.get("dyper.agent")
 state = {
     "threads": sorted(t.name for t in threading.enumerate()),
     "profile": repr(sys.getprofile()),
@@ -40,7 +40,7 @@ state = {
     "monitoring": [i for i in range(6) if sys.monitoring.get_tool(i)] if hasattr(sys, "monitoring") else [],
     # 3.11: cpu detailing's frame evaluation hook (PEP 523) is out again
     "frame_hook": bool(getattr(sys.modules.get("dyper.agent._fastsample"), "frame_hook_installed", lambda: False)()),
-    "agent_running": bool(mod is not None and getattr(mod, "__dyper__", False) and mod.is_running()),
+    "agent_running": bool(mod is not None and mod.is_running()),
     "sys_path": list(sys.path),
 }
 with open(OUT + ".tmp", "w") as f:
