@@ -254,7 +254,7 @@ class FlameGraphHtml(Exporter):
 
     def render(self, profile: Profile) -> str:
         data = self.data(profile)
-        template = resources.files("monitor").joinpath("templates/flamegraph.html").read_text(encoding="utf-8")
+        template = resources.files("dyper.monitor").joinpath("templates/flamegraph.html").read_text(encoding="utf-8")
         # In a <script> element only "</" can end it early; escaping < > & keeps the JSON inert.
         payload = (
             json.dumps(data, separators=(",", ":"), ensure_ascii=False)

@@ -12,6 +12,20 @@ from collections.abc import Iterator
 import pytest
 
 
+class _NoCheckoutNames:
+    """Refuse the pre-namespace top-level names: pytest puts the checkout on sys.path,
+    where agent/, monitor/ and proflets/ would import by accident; dyper installs
+    them only as dyper.agent, dyper.monitor and dyper.proflets."""
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name in ("agent", "monitor", "proflets"):
+            raise ModuleNotFoundError(f"no top-level {name!r}: dyper's is dyper.{name}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, _NoCheckoutNames())
+
+
 def _state() -> dict[str, object]:
     tools = []
     if hasattr(sys, "monitoring"):

@@ -120,8 +120,11 @@ def test_a_watch_too_dear_for_the_budget_watches_part_of_the_time_and_extrapolat
     callbacks0, watched0 = watch.read()["callbacks"], watch.watched_s()
     more = _run_watched(watch, budget=0.01, seconds=3.0, rest_s=0.001)
     data = watch.read()
-    assert 0 < watch.duty < 0.2, watch.duty
-    assert 0.01 * 3.0 < data["watched_s"] - watched0 < 0.3 * 3.0, data["watched_s"]
+    # Idle, the duty is a few percent; a busy machine sleeps longer between the
+    # bursts, so collections are fewer and the duty higher. Watching all along
+    # (the regression) is a duty of 1; the cost bound below is the guarantee.
+    assert 0 < watch.duty < 0.6, watch.duty
+    assert 0.01 * 3.0 < data["watched_s"] - watched0 < 0.7 * 3.0, data["watched_s"]
     cost_rate = (data["callbacks"] - callbacks0) * watch.callback_cost_s / 3.0
     assert cost_rate < 2 * memory.BASIC_SHARE * 0.01, (cost_rate, data["callbacks"])
     # What it saw is scaled to every collection gc.get_stats counted: the line
