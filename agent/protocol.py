@@ -36,8 +36,8 @@ client <-> monitor (the CLI talking to a standing monitor)
     ``ctl_reply``  ``{"id": int, "ok": bool, "result": any, "error": str}``
 
 Each type's body is the ``TypedDict`` named after it (:class:`Hello`,
-:class:`Report`, ... :class:`CtlReply`), which code building or reading one
-uses; its schema (``_SCHEMAS``) checks a received one at run time.
+:class:`Report`, ... :class:`CtlReply`); :func:`decode` checks a received one
+against its type's schema.
 """
 
 # No "from __future__ import annotations": with string annotations the TypedDicts
@@ -120,12 +120,12 @@ TAG_PREFIX: Final = "tag:"
 
 
 # --- message bodies ----------------------------------------------------------
-# The shape of each type's body, named after it, for the code that builds and
-# reads them; the schemas further down check them at run time (and
-# tests/unit/test_protocol.py that both name the same fields). A field
-# NotRequired may also come as null from a peer, so it is read with .get().
-# Fields this version does not know pass too, as plain data. msgpack has no
-# tuples: a row such as a string-table entry is a list on the wire.
+# Each message type's body is the TypedDict named after it: code that builds or
+# reads one uses it. The schemas further down are the check at run time, and
+# tests/unit/test_protocol.py keeps both naming the same fields. A NotRequired
+# field may come as null from a peer (the schemas let it), so it is typed
+# "| None" and read with .get(). Fields a newer version adds pass as plain data.
+# msgpack has no tuples: a row (a string-table entry, a stack) is a list.
 
 #: [id, text]: a string-table entry
 StringRow = list[Any]
