@@ -433,7 +433,7 @@ class Agent:
         #: over the budget at any instant (see Guard.wait_needed)
         self.max_op_s = 0.0
         self._samples_total = 0
-        self._hello: dict[str, Any] | None = None
+        self._hello: protocol.Hello | None = None
         # Proflets. Collectors are built on the sampler thread, at start.
         self._proflet_names = proflets
         #: every running collector
@@ -527,7 +527,7 @@ class Agent:
         if triggers:
             self._ring.resize(max(spec.before_s for spec in triggers))
         #: events fired, for the next report (the sampler's own)
-        self._events: list[dict[str, Any]] = []
+        self._events: list[protocol.TriggerEvent] = []
         #: when the latest event's "after" ends: a report goes then, so its window ends there
         self._event_end: float | None = None
 
@@ -1801,7 +1801,7 @@ class Agent:
 
     def _counts_body(
         self, counts: dict[tuple[int, tuple[int, ...]], int], samples: int, t: float, window_s: float
-    ) -> dict[str, Any]:
+    ) -> protocol.Report:
         """A report's required part: ``counts`` (less our own threads'), with the table entries they need."""
         # The samplers skip only the sampler thread: our other threads' stacks are left out here.
         ours = self._our_threads()
@@ -1845,12 +1845,14 @@ class Agent:
             boundary - self._window_start,
         )
         body.update(
-            costs=costs,
-            spent_s=self.guard.spent_s,
-            startup_s=self.startup_s,
-            elapsed_s=boundary - self.guard.started,
-            budget=self.budget,
-            paused=self.paused,
+            {
+                "costs": costs,
+                "spent_s": self.guard.spent_s,
+                "startup_s": self.startup_s,
+                "elapsed_s": boundary - self.guard.started,
+                "budget": self.budget,
+                "paused": self.paused,
+            }
         )
         if self._send(sock, protocol.REPORT, body):
             self.seq += 1
@@ -1961,9 +1963,9 @@ class Agent:
                 self.guard.charge(grew, self.clock(), "basic")
         return data
 
-    def _proflet_states(self) -> dict[str, dict[str, Any]]:
+    def _proflet_states(self) -> dict[str, protocol.ProfletState]:
         """Per proflet: the calibrated costs the monitor plans with, or why it is off."""
-        states: dict[str, dict[str, Any]] = {}
+        states: dict[str, protocol.ProfletState] = {}
         for c in self._fitted_costs():
             states[c.name] = {
                 "ovhd_ms": c.ovhd_ms,
@@ -1977,7 +1979,12 @@ class Agent:
             states[name] = {"off": reason}
         return states
 
-    def _send(self, sock: zmq.Socket[Any], msg_type: str, body: dict[str, Any]) -> bool:
+    def _send(
+        self,
+        sock: zmq.Socket[Any],
+        msg_type: str,
+        body: protocol.Hello | protocol.Report | protocol.Bye | protocol.Error,
+    ) -> bool:
         try:
             sock.send(protocol.encode(msg_type, body), zmq.NOBLOCK)
             return True
@@ -1994,9 +2001,9 @@ class Agent:
         self._hello["budget"] = self.budget
         return self._send(sock, protocol.HELLO, self._hello)
 
-    def _hello_body(self) -> dict[str, Any]:
+    def _hello_body(self) -> protocol.Hello:
 
-        body: dict[str, Any] = {
+        body: protocol.Hello = {
             "agent": self.agent_id,
             "host": socket.gethostname(),
             "pid": self.pid,

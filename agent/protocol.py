@@ -34,14 +34,19 @@ monitor -> agent
 client <-> monitor (the CLI talking to a standing monitor)
     ``ctl``        a request: ``{"id": int, "op": str, "args": map}``
     ``ctl_reply``  ``{"id": int, "ok": bool, "result": any, "error": str}``
+
+Each type's body is the ``TypedDict`` named after it (:class:`Hello`,
+:class:`Report`, ... :class:`CtlReply`); :func:`decode` checks a received one
+against its type's schema.
 """
 
-from __future__ import annotations
-
+# No "from __future__ import annotations": with string annotations the TypedDicts
+# below would see no NotRequired at run time (__required_keys__, which the test
+# of their agreement with the schemas reads, would name every field).
 import math
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from itertools import chain
-from typing import Any, Final, cast
+from typing import Any, Final, NotRequired, TypedDict, cast
 
 import msgpack
 
@@ -86,6 +91,7 @@ MAX_BUDGET: Final = 0.5
 #: Error texts are one line; a longer one is cut to this many characters.
 MAX_ERROR_CHARS: Final = 2000
 
+#: A body as :func:`decode` gives it, before the caller knows its type (then: the TypedDict below named after it).
 Body = dict[str, Any]
 
 #: Location flag: the instruction calls a routine that blocks (sleep, lock
@@ -113,6 +119,175 @@ MAX_MARK_CHARS: Final = 200
 TAG_PREFIX: Final = "tag:"
 
 
+# --- message bodies ----------------------------------------------------------
+# Each message type's body is the TypedDict named after it: code that builds or
+# reads one uses it. The schemas further down are the check at run time, and
+# tests/unit/test_protocol.py keeps both naming the same fields. A NotRequired
+# field may come as null from a peer (the schemas let it), so it is typed
+# "| None" and read with .get(). Fields a newer version adds pass as plain data.
+# msgpack has no tuples: a row (a string-table entry, a stack) is a list.
+
+#: [id, text]: a string-table entry
+StringRow = list[Any]
+#: [id, file string id, qualname string id, first line, line, flags]: a location-table entry;
+#: a line may be -1 (none known). Flags: LOC_BLOCKING when the instruction calls a blocking routine
+#: (with one of LOC_LOCK, LOC_WAIT, LOC_IO, LOC_SLEEP saying what it waits for), LOC_AGENT for dyper's own code.
+LocRow = list[int]
+#: [thread ident, count, location ids leaf first]; decoded with ``raw_stacks``, the ids are
+#: their msgpack bytes (see :func:`decode`)
+StackRow = list[Any]
+#: [thread ident, name]
+ThreadRow = list[Any]
+#: [wall time, name, kind]: agent.mark, and pause, resume and reset (which starts the statistics afresh)
+MarkRow = list[Any]
+#: A detailing burst finished in the window: ``{proflet, t, length_s, fixed_s, slowdown_s, ...}``
+#: and what the proflet found; only ``proflet`` (a string) is checked, the rest is plain data.
+Burst = dict[str, Any]
+
+
+class ProfletState(TypedDict, total=False):
+    """A proflet's calibrated costs as the planner takes them, or ``{"off": reason}`` alone."""
+
+    ovhd_ms: float
+    slow: float
+    itvl_ms: float
+    prty: float
+    allows: list[str]  # proflets whose bursts may run beside its own
+    detailing: bool  # a burst of it is running
+    off: str  # why it is off (unavailable here, or its collector raised)
+
+
+class TriggerEvent(TypedDict):
+    """A trigger event fired in the window (agent.triggers)."""
+
+    t: float
+    name: str
+    kind: str
+    why: str
+    before_s: float
+    after_s: float
+    budget: float  # the raised budget of its "after"
+
+
+class Plan(TypedDict, total=False):
+    """The monitor's timings for an agent (the agent still clamps them to its own plan)."""
+
+    sample_delay_s: float
+    report_delay_s: float
+    detail_delay_s: dict[str, float]  # per proflet
+    fract: float
+    budget: float  # the budget it was made for: the agent takes it only at that budget
+
+
+class Hello(TypedDict):
+    """``hello``: who the process and the agent are."""
+
+    agent: str  # agent incarnation id, also the ZeroMQ routing id
+    host: str
+    pid: int
+    start_time: float  # process creation time, seconds since the epoch
+    argv: list[str]
+    python: str
+    budget: float
+    executable: NotRequired[str | None]
+    paths: NotRequired[dict[str, str] | None]  # sysconfig's install paths
+    cpus: NotRequired[int | None]
+    attach_token: NotRequired[str | None]
+    agent_version: NotRequired[str | None]
+    capabilities: NotRequired[list[str] | None]
+    ceiling: NotRequired[float | None]
+    ppid: NotRequired[int | None]  # the parent process: a master and its forked workers make one service
+    service: NotRequired[str | None]  # $DYPER_SERVICE: processes giving the same name make one service
+
+
+class Report(TypedDict):
+    """``report``: what an agent counted and spent in a window, and the table entries it needs."""
+
+    agent: str
+    seq: int
+    epoch: int  # string tables restart when the epoch changes
+    t: float  # wall clock (seconds since the epoch) at the end of the window
+    window_s: float  # length of the window this report covers
+    strings: list[StringRow]  # string-table additions
+    locs: list[LocRow]  # location-table additions
+    stacks: list[StackRow]
+    samples: int  # sampling passes in the window
+    threads: NotRequired[list[ThreadRow] | None]
+    costs: NotRequired[dict[str, float] | None]  # seconds spent in the window: sample, report, detail...
+    unit_costs: NotRequired[dict[str, float] | None]  # the agent's estimates of one sample and one report, seconds
+    spent_s: NotRequired[float | None]  # total seconds spent since start
+    allowed_s: NotRequired[float | None]  # what the budgets in force allowed since start (boosts and events raise it)
+    startup_s: NotRequired[float | None]  # one-time start-up work (loading proflets), not in spent_s
+    elapsed_s: NotRequired[float | None]  # wall seconds since start
+    budget: NotRequired[float | None]
+    delays: NotRequired[dict[str, float] | None]  # current mean delays, seconds
+    dropped: NotRequired[dict[str, int] | None]  # what was dropped and how often
+    errors: NotRequired[list[str] | None]
+    mode: NotRequired[str | None]  # "monitor": following the monitor's timings; "local": its own
+    proflets: NotRequired[dict[str, ProfletState] | None]
+    details: NotRequired[list[Burst] | None]
+    data: NotRequired[dict[str, dict[str, Any]] | None]  # per proflet: what its collector's report hook returned
+    paused: NotRequired[bool | None]  # sampling and detailing are paused (dyper pause, agent.pause)
+    marks: NotRequired[list[MarkRow] | None]
+    triggers: NotRequired[list[TriggerEvent] | None]
+
+
+class Bye(TypedDict):
+    """``bye``: the agent is stopping."""
+
+    agent: str
+    reason: NotRequired[str | None]  # "stop", "detach", ...
+
+
+class Error(TypedDict):
+    """``error``: something inside the target the user should hear about."""
+
+    agent: str
+    message: str
+
+
+class Configure(TypedDict, total=False):
+    """``configure``: settings from the monitor, each optional."""
+
+    budget: float | None
+    monitor: str | None
+    ceiling: float | None  # not taken from the monitor: only whoever started the agent sets it
+    plan: Plan | None
+    paused: bool | None  # pause (true) or resume (false)
+    reset: bool | None  # start the statistics afresh
+
+
+class Detail(TypedDict):
+    """``detail``: run one detailing burst of a proflet."""
+
+    proflet: str
+
+
+class Detach(TypedDict):
+    """``detach``: stop the agent and remove every hook."""
+
+
+class Resync(TypedDict):
+    """``resync``: send ``hello`` and the full string tables again."""
+
+
+class Ctl(TypedDict):
+    """``ctl``: a client's request to the monitor."""
+
+    id: int
+    op: str
+    args: NotRequired[dict[str, Any] | None]
+
+
+class CtlReply(TypedDict):
+    """``ctl_reply``: the monitor's answer to the request of the same ``id``."""
+
+    id: int
+    ok: bool
+    result: NotRequired[Any]
+    error: NotRequired[str | None]
+
+
 #: Every byte but those a msgpack array or map header starts with (fixmap, fixarray, array 16/32, map 16/32).
 _NOT_HEADERS: Final = bytes(b for b in range(256) if not (0x80 <= b <= 0x9F or 0xDC <= b <= 0xDF))
 #: The bytes a msgpack array header starts with (fixarray, array 16, array 32).
@@ -123,8 +298,11 @@ class DecodeError(ValueError):
     """A frame that is not a valid dyper message. Count it and drop it."""
 
 
-def encode(msg_type: str, body: Body) -> bytes:
-    """Encode one message. Raises :class:`ValueError` if it would exceed the size limit."""
+def encode(msg_type: str, body: Mapping[str, Any]) -> bytes:
+    """Encode one message (``body``: the TypedDict named after ``msg_type``).
+
+    Raises :class:`ValueError` if it would exceed the size limit.
+    """
     data: bytes = msgpack.packb([MAGIC, PROTOCOL_VERSION, msg_type, body], use_bin_type=True)
     if len(data) > MAX_FRAME_BYTES:
         raise ValueError(f"{msg_type} message of {len(data)} bytes exceeds {MAX_FRAME_BYTES}")
@@ -485,29 +663,32 @@ def _any(v: Any) -> bool:
     return True
 
 
-def _fields(required: dict[str, _Check], optional: dict[str, _Check] | None = None) -> Callable[[Body], None]:
-    optional = optional or {}
-    known = set(required) | set(optional)
+class _Fields:
+    """A body's schema: its required and optional fields, each with its check; called on a body, checks it."""
 
-    def check(body: Body) -> None:
-        for key, ok in required.items():
+    def __init__(self, required: dict[str, _Check], optional: dict[str, _Check] | None = None) -> None:
+        self.required = required
+        self.optional = optional or {}
+        self._known = set(required) | set(self.optional)
+
+    def __call__(self, body: Body) -> None:
+        for key, ok in self.required.items():
             if key not in body:
                 raise DecodeError(f"missing field {key!r}")
             if not ok(body[key]):
                 raise DecodeError(f"bad field {key!r}")
-        for key, ok in optional.items():
+        for key, ok in self.optional.items():
             if key in body and body[key] is not None and not ok(body[key]):
                 raise DecodeError(f"bad field {key!r}")
         # Fields of a newer version pass, as plain data the monitor can keep and show.
+        known = self._known
         for key, value in body.items():
             if type(key) is not str or (key not in known and not _shallow(value)):
                 raise DecodeError(f"bad field {_brief(key)}")
 
-    return check
-
 
 def _proflet_state(v: Any) -> bool:
-    """A proflet's calibrated costs as the planner takes them, or ``{"off": reason}``."""
+    """A :class:`ProfletState`: costs the planner can add up, or ``{"off": reason}``."""
     if type(v) is not dict or not _shallow(v):
         return False
     if "off" in v:
@@ -521,7 +702,7 @@ def _proflet_state(v: Any) -> bool:
 
 
 def _plan(v: Any) -> bool:
-    """The monitor's timings for an agent (the agent still clamps them to its own plan)."""
+    """A :class:`Plan`: finite, non-negative delays, a budget someone may ask for."""
     if type(v) is not dict or not _shallow(v):
         return False
     return (
@@ -536,6 +717,7 @@ _COSTS = _map_of(_is_num)
 
 
 def _trigger_event(v: Any) -> bool:
+    """A :class:`TriggerEvent`."""
     return (
         _is_map(v)
         and _is_time(v.get("t"))
@@ -545,55 +727,48 @@ def _trigger_event(v: Any) -> bool:
     )
 
 
+# The schemas: each type's fields as the TypedDict named after it has them (what
+# each field means is said there), and what values are accepted.
+
 _REPORT_REQUIRED: dict[str, _Check] = {
     "agent": _is_str,
     "seq": _is_nat,
-    "epoch": _is_nat,  # string tables restart when the epoch changes
-    "t": _is_time,  # wall clock (seconds since the epoch) at the end of the window
-    "window_s": _is_nonneg,  # length of the window this report covers
-    # string table additions: [id, text]
+    "epoch": _is_nat,
+    "t": _is_time,
+    "window_s": _is_nonneg,
     "strings": _strings,
-    # location additions: [id, file string id, qualname string id, first line, line, flags]
-    # flags: LOC_BLOCKING when the instruction is a call to a blocking routine (with one of
-    # LOC_LOCK, LOC_WAIT, LOC_IO, LOC_SLEEP saying what it waits for), LOC_AGENT for dyper's own code
     "locs": _locs,
-    # [thread ident, count, [location ids, leaf first]]
     "stacks": _stacks,
-    "samples": _is_count,  # sampling passes in the window
+    "samples": _is_count,
 }
 _REPORT_OPTIONAL: dict[str, _Check] = {
     "threads": _list_of(_tuple_of(_is_int, _is_str)),
-    "costs": _COSTS,  # seconds spent in the window: sample, report, detail
-    "unit_costs": _COSTS,  # the agent's estimates of one sample and one report, in seconds
-    "spent_s": _is_num,  # total seconds spent since start
-    "allowed_s": _is_num,  # what the budgets in force allowed since start (boosts and trigger events raise it)
-    "startup_s": _is_num,  # one-time start-up work (loading proflets), not in spent_s
-    "elapsed_s": _is_num,  # wall seconds since start
+    "costs": _COSTS,
+    "unit_costs": _COSTS,
+    "spent_s": _is_num,
+    "allowed_s": _is_num,
+    "startup_s": _is_num,
+    "elapsed_s": _is_num,
     "budget": _is_fraction,
-    "delays": _COSTS,  # current mean delays in seconds
-    "dropped": _map_of(_is_nat),  # what was dropped and how often
+    "delays": _COSTS,
+    "dropped": _map_of(_is_nat),
     "errors": _list_of(_is_str),
-    "mode": _is_str,  # "monitor": following the monitor's timings; "local": its own
-    # per proflet: calibrated costs {ovhd_ms, slow, itvl_ms, prty, allows, detailing} or {off: reason}
+    "mode": _is_str,
     "proflets": _map_of(_proflet_state),
-    # bursts finished in the window: {proflet, t, length_s, fixed_s, slowdown_s, ...results}
     "details": _list_of(lambda v: _is_map(v) and _is_str(v.get("proflet"))),
-    # per proflet: what its collector's report hook returned for the window (plain data)
     "data": _map_of(_is_map),
-    "paused": _is_bool,  # sampling and detailing are paused (dyper pause, agent.pause)
-    # [wall time, name, kind]: agent.mark, and pause, resume and reset (which starts the statistics afresh)
+    "paused": _is_bool,
     "marks": _list_of(_tuple_of(_is_time, _is_str, _is_str)),
-    # trigger events fired in the window (agent.triggers): {t, name, kind, why, before_s, after_s, budget}
     "triggers": _list_of(_trigger_event),
 }
 
-_SCHEMAS: dict[str, Callable[[Body], None]] = {
-    HELLO: _fields(
+_SCHEMAS: dict[str, _Fields] = {
+    HELLO: _Fields(
         {
-            "agent": _is_str,  # agent incarnation id, also the ZeroMQ routing id
+            "agent": _is_str,
             "host": _is_str,
             "pid": _int_in(1, _INT32),
-            "start_time": _is_time,  # process creation time, seconds since the epoch
+            "start_time": _is_time,
             "argv": _list_of(_is_str),
             "python": _is_str,
             "budget": _is_fraction,
@@ -606,16 +781,14 @@ _SCHEMAS: dict[str, Callable[[Body], None]] = {
             "agent_version": _is_str,
             "capabilities": _list_of(_is_str),
             "ceiling": _is_fraction,
-            "ppid": _is_int,  # the parent process: a master and its forked workers make one service
-            "service": _is_str,  # $DYPER_SERVICE: processes giving the same name make one service
+            "ppid": _is_int,
+            "service": _is_str,
         },
     ),
-    REPORT: _fields(_REPORT_REQUIRED, _REPORT_OPTIONAL),
-    BYE: _fields({"agent": _is_str}, {"reason": _is_str}),
-    ERROR: _fields({"agent": _is_str, "message": _is_str}),
-    # plan: {sample_delay_s, report_delay_s, detail_delay_s: {proflet: s}, fract, budget (it was made for)}
-    # paused: pause (true) or resume (false); reset: start the statistics afresh
-    CONFIGURE: _fields(
+    REPORT: _Fields(_REPORT_REQUIRED, _REPORT_OPTIONAL),
+    BYE: _Fields({"agent": _is_str}, {"reason": _is_str}),
+    ERROR: _Fields({"agent": _is_str, "message": _is_str}),
+    CONFIGURE: _Fields(
         {},
         {
             "budget": _is_budget,
@@ -626,16 +799,16 @@ _SCHEMAS: dict[str, Callable[[Body], None]] = {
             "reset": _is_bool,
         },
     ),
-    DETAIL: _fields({"proflet": _is_str}),
-    DETACH: _fields({}),
-    RESYNC: _fields({}),
-    CTL: _fields({"id": _is_int, "op": _is_str}, {"args": _is_map}),
+    DETAIL: _Fields({"proflet": _is_str}),
+    DETACH: _Fields({}),
+    RESYNC: _Fields({}),
+    CTL: _Fields({"id": _is_int, "op": _is_str}, {"args": _is_map}),
     # Replies come from our own monitor and hold whole profiles: not walked for nesting.
-    CTL_REPLY: _fields({"id": _is_int, "ok": _is_bool}, {"result": _any, "error": _is_str}),
+    CTL_REPLY: _Fields({"id": _is_int, "ok": _is_bool}, {"result": _any, "error": _is_str}),
 }
 
 #: A report decoded with raw_stacks: every check the same but for the stacks' ids (see stack_ids).
-_RAW_REPORT = _fields(dict(_REPORT_REQUIRED, stacks=_stack_rows), _REPORT_OPTIONAL)
+_RAW_REPORT = _Fields(dict(_REPORT_REQUIRED, stacks=_stack_rows), _REPORT_OPTIONAL)
 
 AGENT_ACCEPTS: Final = frozenset({CONFIGURE, DETACH, RESYNC, DETAIL})
 MONITOR_ACCEPTS: Final = frozenset({HELLO, REPORT, BYE, ERROR, CTL})

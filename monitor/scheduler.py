@@ -70,7 +70,7 @@ class AgentSchedule:
         if proflet not in self.asked:
             self.asked.append(proflet)
 
-    def on_report(self, report: dict[str, Any], now: float, priorities: Priorities) -> list[Message]:
+    def on_report(self, report: protocol.Report, now: float, priorities: Priorities) -> list[Message]:
         """Take a report's measurements, re-plan if they moved, and say what to send the agent."""
         self._measure(report, priorities)
         for burst in report.get("details") or ():
@@ -154,9 +154,9 @@ class AgentSchedule:
         self.scheduler.set_delays(self.plan.detail_delay_s, now)
         return self.timings()
 
-    def _measure(self, report: dict[str, Any], priorities: Priorities) -> None:
-        if isinstance(report.get("budget"), int | float):
-            self.budget = float(report["budget"])
+    def _measure(self, report: protocol.Report, priorities: Priorities) -> None:
+        if isinstance(budget := report.get("budget"), int | float):
+            self.budget = float(budget)
         costs = report.get("costs") or {}
         samples = report.get("samples") or 0
         units = report.get("unit_costs") or {}

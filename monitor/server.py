@@ -28,7 +28,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import zmq
 import zmq.asyncio
@@ -124,7 +124,7 @@ class Monitor:
         }
         #: DYMON's plan and detailing queue per agent
         self.schedules: dict[str, AgentSchedule] = {}
-        self._stash: dict[bytes, deque[dict[str, Any]]] = {}
+        self._stash: dict[bytes, deque[protocol.Report]] = {}
         self._stash_rows = 0
         self._last_resync: dict[bytes, float] = {}
         self._outbox: asyncio.Queue[Reply] | None = None
@@ -295,23 +295,25 @@ class Monitor:
             # speaking for another agent would take its replies and its session.
             self.counters["bad_frames"] += 1
             return []
+        # decode checked the body against its type's schema: it is that type's TypedDict.
         try:
             if msg_type == protocol.REPORT:
-                return self._on_report(ident, body)
+                return self._on_report(ident, cast("protocol.Report", body))
             if msg_type == protocol.HELLO:
-                return self._on_hello(ident, body)
+                return self._on_hello(ident, cast("protocol.Hello", body))
             if msg_type == protocol.BYE:
-                self._on_bye(body)
+                self._on_bye(cast("protocol.Bye", body))
                 return []
             if msg_type == protocol.ERROR:
-                message = body["message"][: protocol.MAX_ERROR_CHARS]
-                entry = self.by_agent.get(body["agent"])
+                error = cast("protocol.Error", body)
+                message = error["message"][: protocol.MAX_ERROR_CHARS]
+                entry = self.by_agent.get(error["agent"])
                 if entry is not None:
                     entry[0].errors.append(message)
-                self._event("agent_error", {"agent": body["agent"], "message": message})
+                self._event("agent_error", {"agent": error["agent"], "message": message})
                 return []
             if msg_type == protocol.CTL:
-                answer = self._on_ctl(ident, body)
+                answer = self._on_ctl(ident, cast("protocol.Ctl", body))
                 return [(ident, answer)] if answer is not None else []
         except Exception as exc:  # a bug must cost one message, not the monitor
             self.counters["bad_frames"] += 1
@@ -325,7 +327,7 @@ class Monitor:
         if self._on_event is not None:
             self._on_event(kind, data)
 
-    def _on_hello(self, ident: bytes, body: dict[str, Any]) -> list[Reply]:
+    def _on_hello(self, ident: bytes, body: protocol.Hello) -> list[Reply]:
         key: SessionKey = (body["host"], body["pid"], float(body["start_time"]))
         known = self.by_agent.get(body["agent"])
         if known is not None and known[0].key != key:
@@ -349,7 +351,7 @@ class Monitor:
             replies += self._on_report(ident, report, stashed=True)
         return replies
 
-    def _on_report(self, ident: bytes, body: dict[str, Any], stashed: bool = False) -> list[Reply]:
+    def _on_report(self, ident: bytes, body: protocol.Report, stashed: bool = False) -> list[Reply]:
         entry = self.by_agent.get(body["agent"])
         try:
             # A malformed report is refused whole, before it changes anything.
@@ -385,7 +387,7 @@ class Monitor:
                 replies += self._on_report(ident, report, stashed=True)
         return replies
 
-    def _schedule(self, ident: bytes, session: Session, state: AgentState, body: dict[str, Any]) -> list[Reply]:
+    def _schedule(self, ident: bytes, session: Session, state: AgentState, body: protocol.Report) -> list[Reply]:
         """DYMON: timings and detailing requests for the agent that just reported."""
         schedule = self.schedules.get(state.agent_id)
         if schedule is None:
@@ -418,7 +420,7 @@ class Monitor:
             replies += [(ident, protocol.encode(msg_type, msg)) for msg_type, msg in out]
         return replies
 
-    def _stash_and_resync(self, ident: bytes, body: dict[str, Any]) -> list[Reply]:
+    def _stash_and_resync(self, ident: bytes, body: protocol.Report) -> list[Reply]:
         rows = _rows(body)
         queue = self._stash.get(ident)
         if (queue is None and len(self._stash) >= MAX_STASHED_AGENTS) or self._stash_rows + rows > MAX_STASHED_ROWS:
@@ -442,12 +444,12 @@ class Monitor:
         self.counters["resyncs"] += 1
         return [(ident, protocol.encode(protocol.RESYNC, {}))]
 
-    def _unstash(self, ident: bytes) -> list[dict[str, Any]]:
+    def _unstash(self, ident: bytes) -> list[protocol.Report]:
         reports = list(self._stash.pop(ident, ()))
         self._stash_rows -= sum(_rows(r) for r in reports)
         return reports
 
-    def _on_bye(self, body: dict[str, Any]) -> None:
+    def _on_bye(self, body: protocol.Bye) -> None:
         entry = self.by_agent.get(body["agent"])
         if entry is not None:
             entry[1].connected = False
@@ -667,7 +669,7 @@ class Monitor:
 
     # --- control requests ---------------------------------------------------------------
 
-    def _on_ctl(self, ident: bytes, body: dict[str, Any]) -> bytes | None:
+    def _on_ctl(self, ident: bytes, body: protocol.Ctl) -> bytes | None:
         from dyper.monitor import views
 
         rid, op, args = body["id"], body["op"], body.get("args") or {}
@@ -828,14 +830,14 @@ class Received:
         return parts
 
 
-def _rows(report: dict[str, Any]) -> int:
+def _rows(report: protocol.Report) -> int:
     """What a report holds, in table rows and stack entries (what its decoded size grows with)."""
     stacks = report["stacks"]
     return len(report["strings"]) + len(report["locs"]) + len(stacks) + sum(len(s[2]) for s in stacks)
 
 
 def _ctl_reply(rid: int, result: Any = None, error: str | None = None) -> bytes:
-    out: dict[str, Any] = {"id": rid, "ok": error is None, "result": result}
+    out: protocol.CtlReply = {"id": rid, "ok": error is None, "result": result}
     if error is not None:
         out["error"] = error
     return protocol.encode(protocol.CTL_REPLY, out)

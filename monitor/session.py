@@ -171,7 +171,7 @@ class AgentState:
     attach_token: str | None = None
     mode: str = "local"
     #: per proflet: calibrated costs as last reported, or {"off": reason}
-    proflets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    proflets: dict[str, protocol.ProfletState] = field(default_factory=dict)
     #: sampling and detailing paused (dyper pause, agent.pause)
     paused: bool = False
 
@@ -249,7 +249,7 @@ class Slice:
 class Session:
     """A profiled process as seen by the monitor."""
 
-    def __init__(self, key: SessionKey, hello: dict[str, Any], frames: FrameTable) -> None:
+    def __init__(self, key: SessionKey, hello: protocol.Hello, frames: FrameTable) -> None:
         self.key = key
         self.hello = hello
         self.frames = frames
@@ -361,7 +361,7 @@ class Session:
         self.elapsed_at_reset = sum(a.elapsed_s for a in self.agents.values())
         self.reset_t = t
 
-    def add_agent(self, hello: dict[str, Any]) -> AgentState:
+    def add_agent(self, hello: protocol.Hello) -> AgentState:
         state = self.agents.get(hello["agent"])
         if state is None:
             state = AgentState(hello["agent"])
@@ -373,7 +373,7 @@ class Session:
         self.hello = hello
         return state
 
-    def add_trigger(self, event: dict[str, Any]) -> dict[str, Any]:
+    def add_trigger(self, event: protocol.TriggerEvent) -> dict[str, Any]:
         """Keep a trigger event (checked by the protocol), numbered, with its window and a normal one to compare.
 
         The event's window is its "before" and "after" around when it fired;
@@ -399,7 +399,7 @@ class Session:
         self.triggers.append(kept)
         return kept
 
-    def check_stacks(self, state: AgentState, report: dict[str, Any]) -> StackCheck:
+    def check_stacks(self, state: AgentState, report: protocol.Report) -> StackCheck:
         """Look the report's stacks up in the agent's cache, and check the location ids of those it has not sent before.
 
         Raises :class:`agent.protocol.DecodeError` if one is not a list of
@@ -412,7 +412,7 @@ class Session:
         unseen = list({ids: None for (_, _, ids), code in zip(rows, codes, strict=True) if code < 0})
         return codes, dict(zip(unseen, protocol.stacks_ids(unseen), strict=True))
 
-    def ingest(self, state: AgentState, report: dict[str, Any], checked: StackCheck | None = None) -> None:
+    def ingest(self, state: AgentState, report: protocol.Report, checked: StackCheck | None = None) -> None:
         """Add one report's deltas (``checked``: what :meth:`check_stacks` said of it, done here if None).
 
         Raises DecodeError (from check_stacks) before any change, and :class:`UnknownLocation` before any
@@ -427,7 +427,7 @@ class Session:
             state.fids.clear()
             state.forget_stacks()
         strings = state.strings
-        strings.update(report["strings"])
+        strings.update(cast("list[tuple[int, str]]", report["strings"]))  # [id, text] lists, pairs to update
         intern = self.frames.intern_location
         new_locs: dict[int, tuple[FrameId, int] | None] = {}
         new_fids: dict[int, FrameId] = {}
@@ -472,8 +472,8 @@ class Session:
             self.marks.append((float(mark_t), name[:MAX_MARK_CHARS], kind[:MAX_MARK_CHARS]))
             if kind == "reset":
                 # The agent sent what came before the reset in an earlier report: this one's counts are after it.
-                if report.get("elapsed_s") is not None:
-                    state.elapsed_s = float(report["elapsed_s"]) - float(report["window_s"])
+                if (elapsed_s := report.get("elapsed_s")) is not None:
+                    state.elapsed_s = float(elapsed_s) - float(report["window_s"])
                 self.reset(float(mark_t))
 
         keys = self.stack_keys
@@ -519,22 +519,22 @@ class Session:
             self.first_report_t = t
         state.last_seen = time.time()
         state.last_seq = report["seq"]
-        if report.get("budget") is not None:
-            state.budget = float(report["budget"])
-        if report.get("spent_s") is not None:
-            state.spent_s = float(report["spent_s"])
-        if report.get("allowed_s") is not None:
-            state.allowed_s = float(report["allowed_s"])
-        if report.get("elapsed_s") is not None:
-            state.elapsed_s = float(report["elapsed_s"])
-        if report.get("startup_s") is not None:
-            state.startup_s = float(report["startup_s"])
+        if (budget := report.get("budget")) is not None:
+            state.budget = float(budget)
+        if (spent_s := report.get("spent_s")) is not None:
+            state.spent_s = float(spent_s)
+        if (allowed_s := report.get("allowed_s")) is not None:
+            state.allowed_s = float(allowed_s)
+        if (elapsed_s := report.get("elapsed_s")) is not None:
+            state.elapsed_s = float(elapsed_s)
+        if (startup_s := report.get("startup_s")) is not None:
+            state.startup_s = float(startup_s)
         state.delays = dict(report.get("delays") or {})
         state.dropped = dict(report.get("dropped") or {})
         state.mode = str(report.get("mode") or state.mode)
         state.paused = bool(report.get("paused"))
-        if isinstance(report.get("proflets"), dict):
-            state.proflets = dict(report["proflets"])
+        if isinstance(proflets := report.get("proflets"), dict):
+            state.proflets = dict(proflets)
         window_costs = {k: float(v) for k, v in (report.get("costs") or {}).items()}
         for k, v in window_costs.items():
             self.costs[k] = self.costs.get(k, 0.0) + v
@@ -636,7 +636,7 @@ class Session:
         if sums is not None:
             sums.clear()
 
-    def _feed_analyzers(self, report: dict[str, Any], t: float, kinds: dict[int, dict[str, int]]) -> None:
+    def _feed_analyzers(self, report: protocol.Report, t: float, kinds: dict[int, dict[str, int]]) -> None:
         data = report.get("data") if isinstance(report.get("data"), dict) else {}
         assert isinstance(data, dict)
         names = {int(tid): str(name) for tid, name in report.get("threads") or ()}
@@ -751,7 +751,7 @@ class Session:
         counts: dict[StackKey, list[int]],
     ) -> Session:
         """A session as history kept it: whole-run counts and totals, its agents disconnected."""
-        s = cls(key, hello, frames)
+        s = cls(key, cast("protocol.Hello", hello), frames)  # history keeps the hello it was given
         s.first_seen = float(state.get("first_seen") or s.first_seen)
         s.samples = int(state.get("samples") or 0)
         s.reports = int(state.get("reports") or 0)

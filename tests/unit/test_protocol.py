@@ -69,6 +69,64 @@ def test_wrong_types_are_rejected(field, value):
         decode(encode(protocol.REPORT, report(**{field: value})))
 
 
+#: Each message type's body, as the protocol module types it.
+BODIES = {
+    protocol.HELLO: protocol.Hello,
+    protocol.REPORT: protocol.Report,
+    protocol.BYE: protocol.Bye,
+    protocol.ERROR: protocol.Error,
+    protocol.CONFIGURE: protocol.Configure,
+    protocol.DETAIL: protocol.Detail,
+    protocol.DETACH: protocol.Detach,
+    protocol.RESYNC: protocol.Resync,
+    protocol.CTL: protocol.Ctl,
+    protocol.CTL_REPLY: protocol.CtlReply,
+}
+
+
+def test_every_message_type_has_a_typed_body():
+    assert set(BODIES) == set(protocol._SCHEMAS)
+
+
+@pytest.mark.parametrize("msg_type", sorted(BODIES))
+def test_typed_body_names_the_fields_its_schema_checks(msg_type):
+    body, schema = BODIES[msg_type], protocol._SCHEMAS[msg_type]
+    assert body.__required_keys__ == set(schema.required)
+    assert body.__optional_keys__ == set(schema.optional)
+    if msg_type == protocol.REPORT:
+        raw = protocol._RAW_REPORT
+        assert (set(raw.required), set(raw.optional)) == (set(schema.required), set(schema.optional))
+
+
+#: A value no field of the nested parts takes.
+_BAD = {"x": []}
+
+
+@pytest.mark.parametrize("key", sorted(protocol.ProfletState.__optional_keys__))
+def test_proflet_state_schema_checks_each_typed_field(key):
+    assert not protocol.ProfletState.__required_keys__
+    decode(encode(protocol.REPORT, report(proflets={"p": {}})))
+    with pytest.raises(DecodeError):
+        decode(encode(protocol.REPORT, report(proflets={"p": {key: _BAD}})))
+
+
+@pytest.mark.parametrize("key", sorted(protocol.Plan.__optional_keys__))
+def test_plan_schema_checks_each_typed_field(key):
+    assert not protocol.Plan.__required_keys__
+    decode(encode(protocol.CONFIGURE, {"plan": {}}))
+    with pytest.raises(DecodeError):
+        decode(encode(protocol.CONFIGURE, {"plan": {key: _BAD}}))
+
+
+def test_trigger_event_schema_requires_each_typed_field():
+    event = {"t": 1.0, "name": "n", "kind": "k", "why": "w", "before_s": 1.0, "after_s": 2.0, "budget": 0.1}
+    assert protocol.TriggerEvent.__required_keys__ == set(event)
+    decode(encode(protocol.REPORT, report(triggers=[event])))
+    for key in event:
+        with pytest.raises(DecodeError):
+            decode(encode(protocol.REPORT, report(triggers=[{k: v for k, v in event.items() if k != key}])))
+
+
 def test_receiver_restricts_types():
     data = encode(protocol.DETACH, {})
     assert decode(data, protocol.AGENT_ACCEPTS)[0] == protocol.DETACH
