@@ -4,7 +4,7 @@
 
 SOURCE is a saved dyper profile (.json, as `dyper run -o prof.json` writes
 it), or the PID of a process a standing monitor knows. Human tables by
-default; --json prints the machine-readable report (keys in the README,
+default; --json prints the machine-readable report (keys in docs/report.md,
 "dyper report"). --proflet shows one proflet only. --last N: with a PID,
 the last N seconds only (e.g. 30, 5m).
 """
