@@ -56,7 +56,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         if only is not None and name != only:
             sub.add_parser(name)
             continue
-        module = importlib.import_module(f"monitor.commands.{name}")
+        module = importlib.import_module(f"dyper.monitor.commands.{name}")
         doc = (module.__doc__ or "").strip()
         p = sub.add_parser(
             name, help=doc.splitlines()[0], description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
