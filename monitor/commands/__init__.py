@@ -112,12 +112,18 @@ def add_output_arguments(parser: argparse.ArgumentParser) -> None:
         help="write the profile when done; format by extension: .speedscope.json, .pb.gz (pprof), .html "
         "(flame graph), .collapsed, .json",
     )
-    parser.add_argument(
-        "--metric",
-        choices=("cpu", "wall"),
-        default="cpu",
-        help="cpu leaves out samples of threads blocked in sleep/lock/I/O calls (default); wall keeps them",
-    )
+    add_metric_arguments(parser)
+
+
+def add_metric_arguments(parser: argparse.ArgumentParser, *, metric: bool = True, note: str = "") -> None:
+    """``--metric cpu|wall`` (``metric``; ``note`` ends its help) and ``--libraries``: how a profile is read."""
+    if metric:
+        parser.add_argument(
+            "--metric",
+            choices=("cpu", "wall"),
+            default="cpu",
+            help="cpu leaves out samples of threads blocked in sleep/lock/I/O calls (default); wall keeps them" + note,
+        )
     parser.add_argument(
         "--libraries",
         action="store_true",

@@ -32,7 +32,7 @@ import argparse
 import os
 import sys
 
-from dyper.monitor.commands import CliError, add_monitor_argument, add_view_argument
+from dyper.monitor.commands import CliError, add_metric_arguments, add_monitor_argument, add_view_argument
 from dyper.monitor.exports import FORMATS, Exporter, exporter_for, exporter_named
 from dyper.monitor.profile import Profile
 from dyper.monitor.windows import WindowSpec, parse_seconds
@@ -78,14 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--normal", action="store_true", help="with --trigger: the window as long just before the event instead"
     )
-    parser.add_argument(
-        "--metric",
-        choices=("cpu", "wall"),
-        default="cpu",
-        help="cpu leaves out samples of threads blocked in sleep/lock/I/O calls (default); wall keeps them "
-        "(pprof and json carry both)",
-    )
-    parser.add_argument("--libraries", action="store_true", help="charge library time to the calling app line")
+    add_metric_arguments(parser, note=" (pprof and json carry both)")
     parser.add_argument("--tag", metavar="NAME", help="only the samples inside functions tagged NAME (agent.tag)")
     add_view_argument(parser)
     parser.add_argument(
