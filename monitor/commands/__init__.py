@@ -8,18 +8,49 @@ its docstring is the help text. Errors meant for the user are raised as
 from __future__ import annotations
 
 import argparse
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from dyper.agent import CurveKeys
+    from dyper.monitor.client import MonitorClient
     from dyper.monitor.windows import WindowSpec
 
 from dyper.agent.protocol import parse_budget
+
+#: How long a command waits for the standing monitor's ping: a missing monitor is told in seconds.
+PING_TIMEOUT_S = 3.0
 
 
 class CliError(Exception):
     def __init__(self, message: str, code: int = 1) -> None:
         super().__init__(message)
         self.code = code
+
+
+@contextlib.contextmanager
+def standing_monitor(
+    endpoint: str,
+    *,
+    curve: CurveKeys | None = None,
+    timeout_s: float = 3.0,
+    ping_timeout_s: float = PING_TIMEOUT_S,
+) -> Iterator[MonitorClient]:
+    """A client of the standing monitor at ``endpoint`` that has answered a ping (a CliError if none does).
+
+    Its later calls wait up to ``timeout_s``: a window read from a long
+    history may take a while, a missing monitor should not.
+    """
+    from dyper.monitor.client import MonitorClient, MonitorUnreachable
+
+    with MonitorClient(endpoint, timeout=ping_timeout_s, curve=curve) as client:
+        try:
+            client.call("ping")
+        except MonitorUnreachable as exc:
+            raise CliError(str(exc)) from None
+        client.timeout = timeout_s
+        yield client
 
 
 def budget_arg(text: str) -> float:

@@ -29,6 +29,7 @@ from dyper.monitor.commands import (
     budget_arg,
     duration_arg,
     pid_arg,
+    standing_monitor,
     trigger_specs,
 )
 from dyper.monitor.commands.run import add_key_arguments, key_options
@@ -190,14 +191,8 @@ def _attach_to_standing(
 ) -> int:
     import time
 
-    from dyper.monitor.client import MonitorClient, MonitorUnreachable
-
     curve, monitor_key, key = keys
-    with MonitorClient(args.monitor, curve=curve) as client:
-        try:
-            client.call("ping")
-        except MonitorUnreachable as exc:
-            raise CliError(str(exc)) from None
+    with standing_monitor(args.monitor, curve=curve) as client:
         try:
             attached = attach(
                 args.pid,

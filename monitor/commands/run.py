@@ -33,6 +33,7 @@ from dyper.monitor.commands import (
     add_trigger_arguments,
     budget_arg,
     duration_arg,
+    standing_monitor,
     trigger_specs,
 )
 from dyper.monitor.embedded import Options, finish_output, profile_target
@@ -227,14 +228,10 @@ def _run_with_standing_monitor(
     console: Console,
     keys: tuple[CurveKeys | None, str | None, str | None],
 ) -> int:
-    from dyper.monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
+    from dyper.monitor.client import MonitorRefused, MonitorUnreachable
 
     curve, monitor_key, key = keys
-    with MonitorClient(args.monitor, curve=curve) as client:
-        try:
-            client.call("ping")
-        except MonitorUnreachable as exc:
-            raise CliError(str(exc)) from None
+    with standing_monitor(args.monitor, curve=curve) as client:
         env = child_env(
             args.monitor,
             args.budget,
