@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -51,6 +51,41 @@ def standing_monitor(
             raise CliError(str(exc)) from None
         client.timeout = timeout_s
         yield client
+
+
+def through_monitor_or_inside(
+    endpoint: str,
+    pid: int,
+    ask: Callable[[MonitorClient], bool],
+    inside: Callable[[], bool],
+    done: str,
+    missing: str = "",
+) -> int:
+    """Control the agent in ``pid``: through the standing monitor, else straight inside the process.
+
+    ``ask`` asks the monitor (True: it reached the agent); when no monitor
+    answers or none knows the process, ``inside`` tells the agent in the
+    process directly (True: one was running). Prints ``done``; with no
+    agent, a CliError ending in ``missing``.
+    """
+    from dyper.monitor.attach import AttachError
+    from dyper.monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
+
+    try:
+        with MonitorClient(endpoint, timeout=1.0) as client:
+            if ask(client):
+                print(done)
+                return 0
+    except (MonitorUnreachable, MonitorRefused):
+        pass  # no monitor, or one that does not know the process: ask inside it
+    try:
+        running = inside()
+    except AttachError as exc:
+        raise CliError(str(exc)) from None
+    if not running:
+        raise CliError(f"no dyper agent is running in process {pid}{missing}")
+    print(done)
+    return 0
 
 
 def budget_arg(text: str) -> float:
