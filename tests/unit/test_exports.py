@@ -218,6 +218,18 @@ def test_html_keeps_hostile_names_inert(profile):
     assert any(f[0] == "</script><script>alert(1)</script>&amp;" for f in _html_data(text)["frames"])
 
 
+def test_html_inlines_the_dashboards_renderer_and_reads_no_placeholder_twice(profile):
+    from importlib import resources
+
+    profile.process["argv"] = ["app.py", "__DYPER_DATA__", "__DYPER_FLAME_JS__"]
+    text = FlameGraphHtml("cpu").render(profile)
+    flame_js = resources.files("dyper.monitor").joinpath("web/static/flame.js").read_text(encoding="utf-8")
+    assert text.count(flame_js) == 1  # one renderer: the dashboard's, inlined
+    title = _html_data(text)["title"]
+    assert title.startswith("dyper: app.py __DYPER_DATA__ __DYPER_FLAME_JS__")
+    assert re.search(r"<title>(.*?)</title>", text)[1] == title  # the page's title, not the data put in its place
+
+
 def test_html_prunes_big_trees_to_the_largest_frames(profile):
     exporter = FlameGraphHtml("wall")
     exporter.max_nodes = 6
