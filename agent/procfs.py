@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import threading
 from collections.abc import Callable
 
 _read: Callable[[str, int], bytes] | None
@@ -33,3 +34,28 @@ def read(path: str, limit: int = 4096) -> bytes:
         return os.read(fd, limit)
     finally:
         os.close(fd)
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def rss_bytes() -> int | None:
+    """This process's resident set size from /proc/self/statm (one small read), or None where there is none."""
+    try:
+        return int(read("/proc/self/statm").split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def app_threads(skip: int) -> dict[int, int]:
+    """Python ident -> kernel thread id (its /proc/self/task entry) of the application's threads.
+
+    The threads ``threading`` knows, less ``skip`` (the caller's own) and
+    dyper's (named ``dyper-...``).
+    """
+    active = threading._active  # type: ignore[attr-defined]  # read-only
+    return {
+        ident: t.native_id
+        for ident, t in list(active.items())
+        if ident != skip and t.native_id is not None and not t.name.startswith("dyper-")
+    }

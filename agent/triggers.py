@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final, Literal
 
+from dyper.agent import procfs
 from dyper.agent.protocol import LOC_LOCK, parse_budget
 
 Kind = Literal["cpu", "rss", "rss_growth", "blocked", "mark", "predicate"]
@@ -268,18 +269,6 @@ class _State:
     off: str | None = None
 
 
-def read_rss() -> int | None:
-    """Resident bytes from /proc/self/statm (one read, no allocation to speak of); None where there is none."""
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * _PAGE
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-_PAGE: Final = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
 def _cpu_s() -> float:
     t = os.times()
     return t.user + t.system
@@ -322,7 +311,7 @@ class Triggers:
         fired: list[Fired] = []
         cpu = self._cpu_fraction(now) if any(s.spec.kind == "cpu" for s in self.states) else None
         need_rss = any(s.spec.kind in ("rss", "rss_growth") for s in self.states)
-        rss = read_rss() if need_rss else None
+        rss = procfs.rss_bytes() if need_rss else None
         blocked = self._blocked(now, skip) if any(s.spec.kind == "blocked" for s in self.states) else None
         marks = []
         while self._marks:

@@ -41,7 +41,7 @@ import psutil
 
 from dyper.agent.protocol import parse_budget
 from dyper.monitor.attach import attach, detach
-from dyper.monitor.client import MonitorClient, MonitorUnreachable
+from dyper.monitor.client import MonitorClient, wait_for_monitor
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET = REPO / "tests" / "integration" / "targets" / "cycles.py"
@@ -99,16 +99,8 @@ def start_monitor(endpoint: str, history: Path) -> subprocess.Popen[bytes]:
         stderr=subprocess.DEVNULL,
         cwd=REPO,
     )
-    deadline = time.monotonic() + 30
-    with MonitorClient(endpoint, timeout=0.5) as client:
-        while True:
-            try:
-                client.call("ping")
-                return proc
-            except MonitorUnreachable:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+    wait_for_monitor(endpoint, 30)
+    return proc
 
 
 def connected(client: MonitorClient, pid: int) -> bool:

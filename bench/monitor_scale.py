@@ -785,7 +785,7 @@ class Harness:
 
     def start(self) -> None:
         """The monitor on its CPU, the simulators on the others, and the pinger and querier; each ready."""
-        from dyper.monitor.client import MonitorClient
+        from dyper.monitor.client import MonitorUnreachable, wait_for_monitor
 
         args, workdir = self.args, self.workdir
         cmd = [args.python]
@@ -794,7 +794,7 @@ class Harness:
         cmd += ["-m", "dyper", "monitor", "--listen", self.endpoint]
         cmd += ["--no-history"] if args.no_history else ["--history", str(workdir / "history.sqlite3")]
         with open(self.monitor_log, "wb") as out:
-            self.monitor = subprocess.Popen(
+            self.monitor = monitor = subprocess.Popen(
                 cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, preexec_fn=pinned({self.monitor_cpu})
             )
         for i in range(args.procs):
@@ -825,17 +825,10 @@ class Harness:
                 err_text = (workdir / f"sim-{i}.log").read_text(errors="replace").strip()
                 raise SystemExit(f"simulator {i} did not start: {err_text[-800:] or line!r}")
             threading.Thread(target=w.read, name="bench-sim-reader", daemon=True).start()
-        with MonitorClient(self.endpoint, timeout=0.5) as client:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    client.call("ping")
-                    break
-                except Exception:
-                    if time.monotonic() > deadline or self.monitor.poll() is not None:
-                        raise SystemExit(
-                            f"the monitor did not start; its output: {self.monitor_log.read_text()[-800:]}"
-                        ) from None
+        try:
+            wait_for_monitor(self.endpoint, 30, alive=lambda: monitor.poll() is None)
+        except MonitorUnreachable:
+            raise SystemExit(f"the monitor did not start; its output: {self.monitor_log.read_text()[-800:]}") from None
         self.pinger = Pinger(self.endpoint, self.monitor.pid, args.query_timeout)
         self.pinger.start()
         self.querier = Querier(self.endpoint, args.query_timeout)

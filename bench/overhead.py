@@ -68,7 +68,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -674,37 +674,29 @@ def print_report(result: dict[str, Any], budgets: list[str | None], workloads: l
     print()
     print("actual overhead (slowdown against no agent), %: median (min vs min); * = median above the budget target")
     width = max(17, *(len(w) + 2 for w in workloads))
-    print(f"{'target':>8}" + "".join(f"{w:>{width}}" for w in workloads))
-    for b in budgets:
-        if b is None:
-            continue
-        cells = []
-        for w in workloads:
-            row = next((r for r in result["workloads"][w]["rows"] if r["budget"] == b), None)
-            if row is None or "actual_overhead_pct" not in row:
-                cells.append(f"{'failed':>{width}}")
-                continue
-            star = "*" if row.get("over_budget") else " "
-            cell = f"{row['actual_overhead_pct']:.1f} ({row['min_overhead_pct']:.1f}){star}"
-            cells.append(f"{cell:>{width}}")
-        print(f"{b:>8}" + "".join(cells))
-    noise = [result["workloads"][w]["noise"] for w in workloads]
-    print(f"{'noise':>8}" + "".join(f"{'±' + format(n['range_pct'] / 2, '.1f'):>{width}}" for n in noise))
+
+    def grid(cell: Callable[[dict[str, Any] | None], str], noise: str) -> None:
+        """A line per budget and a column per workload, then each workload's no-agent ``noise``."""
+        print(f"{'target':>8}" + "".join(f"{w:>{width}}" for w in workloads))
+        for b in budgets:
+            if b is not None:
+                rows = (next((r for r in result["workloads"][w]["rows"] if r["budget"] == b), None) for w in workloads)
+                print(f"{b:>8}" + "".join(cell(row) for row in rows))
+        spread = [result["workloads"][w][noise] for w in workloads]
+        print(f"{'noise':>8}" + "".join(f"{'±' + format(n['range_pct'] / 2, '.1f'):>{width}}" for n in spread))
+
+    def actual(row: dict[str, Any] | None) -> str:
+        if row is None or "actual_overhead_pct" not in row:
+            return f"{'failed':>{width}}"
+        star = "*" if row.get("over_budget") else " "
+        cell = f"{row['actual_overhead_pct']:.1f} ({row['min_overhead_pct']:.1f}){star}"
+        return f"{cell:>{width}}"
+
+    grid(actual, "noise")
     print("noise: half the (max-min)/median spread of the no-agent runs. service: time per request, from req/s")
     print()
     print("CPU time of the target against no agent, % (median); service: CPU per request of gunicorn's processes")
-    print(f"{'target':>8}" + "".join(f"{w:>{width}}" for w in workloads))
-    for b in budgets:
-        if b is None:
-            continue
-        cells = []
-        for w in workloads:
-            row = next((r for r in result["workloads"][w]["rows"] if r["budget"] == b), None)
-            value = None if row is None else row.get("cpu_overhead_pct")
-            cells.append(fmt(value, ".1f", width))
-        print(f"{b:>8}" + "".join(cells))
-    cpu_noise = [result["workloads"][w]["cpu_noise"] for w in workloads]
-    print(f"{'noise':>8}" + "".join(f"{'±' + format(n['range_pct'] / 2, '.1f'):>{width}}" for n in cpu_noise))
+    grid(lambda row: fmt(None if row is None else row.get("cpu_overhead_pct"), ".1f", width), "cpu_noise")
     for w in workloads:
         info = result["workloads"][w]
         n = info["noise"]

@@ -67,7 +67,7 @@ from bench.overhead import (  # noqa: E402
     stop_process,
     wait_http,
 )
-from dyper.monitor.client import MonitorClient  # noqa: E402
+from dyper.monitor.client import MonitorClient, MonitorUnreachable, wait_for_monitor  # noqa: E402
 
 #: Default threshold of "flat", KB (1024 bytes) per minute: about 1 MiB per hour.
 FLAT_KB_PER_MIN = 16.0
@@ -160,19 +160,13 @@ class Service:
     def start(self) -> None:
         py = self.settings.python
         history = self.workdir / "history.sqlite3"
-        self.monitor = self._spawn(
+        self.monitor = monitor = self._spawn(
             [py, "-m", "dyper", "monitor", "--listen", self.endpoint, "--history", str(history)], "monitor"
         )
-        with MonitorClient(self.endpoint, timeout=0.5) as client:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    client.call("ping")
-                    break
-                except Exception:
-                    if time.monotonic() > deadline or self.monitor.poll() is not None:
-                        raise RunFailed(f"the monitor did not start: {self.log_tail('monitor')}") from None
-                    time.sleep(0.2)
+        try:
+            wait_for_monitor(self.endpoint, 30, alive=lambda: monitor.poll() is None)
+        except MonitorUnreachable:
+            raise RunFailed(f"the monitor did not start: {self.log_tail('monitor')}") from None
         pidfile = self.workdir / "gunicorn.pid"
         gcmd = gunicorn_command(self.settings, self.port, pidfile, self.workdir / "gunicorn-error.log")
         run = [py, "-m", "dyper", "run", "--monitor", self.endpoint, "--budget", self.budget, "--", *gcmd]

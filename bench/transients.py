@@ -39,7 +39,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from dyper.monitor.client import MonitorClient  # noqa: E402
+from dyper.monitor.client import MonitorClient, wait_for_monitor  # noqa: E402
 from dyper.monitor.profile import Profile  # noqa: E402
 
 TRIGGERS = ("cpu > 50% for 2s, before 5s, after 5s", "blocked > 3s, before 5s, after 5s",
@@ -82,16 +82,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )  # fmt: skip
     try:
         assert service.stdout is not None and service.stdout.readline().strip() == "ready"
-        with MonitorClient(endpoint, timeout=1.0) as client:
-            deadline = time.monotonic() + 15
-            while True:
-                try:
-                    client.call("ping")
-                    break
-                except Exception:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.2)
+        wait_for_monitor(endpoint, 15, alive=lambda: monitor.poll() is None)
         command = [*dyper, "attach", str(service.pid), "--budget", args.budget, "--ceiling", args.ceiling,
                    "--monitor", endpoint]  # fmt: skip
         for t in TRIGGERS:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -93,3 +95,27 @@ class MonitorClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def wait_for_monitor(
+    endpoint: str,
+    timeout_s: float = 30.0,
+    *,
+    alive: Callable[[], bool] | None = None,
+    curve: CurveKeys | None = None,
+) -> Any:
+    """Ping ``endpoint`` until a monitor answers (a monitor just started); its ping reply.
+
+    ``alive`` tells whether the monitor's process still runs: once it is
+    not, waiting on is pointless. Raises :class:`MonitorUnreachable` when no
+    monitor answered within ``timeout_s`` or its process has gone.
+    """
+    deadline = time.monotonic() + timeout_s
+    with MonitorClient(endpoint, timeout=0.5, curve=curve) as client:
+        while True:
+            try:
+                return client.call("ping")
+            except MonitorUnreachable:
+                if time.monotonic() > deadline or (alive is not None and not alive()):
+                    raise
+                time.sleep(0.1)

@@ -12,10 +12,12 @@ from __future__ import annotations
 import gzip
 import html
 import json
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Any, ClassVar
 
+from dyper.monitor.flame import flame_tree
 from dyper.monitor.profile import Metric, Profile
 from dyper.monitor.session import Frame
 
@@ -53,9 +55,6 @@ class Exporter:
 
     def write(self, profile: Profile, path: str | Path) -> None:
         Path(path).write_bytes(self.encode(profile))
-
-    def _value(self, wall: int, cpu: int) -> int:
-        return cpu if self.metric == "cpu" else wall
 
 
 class Collapsed(Exporter):
@@ -237,13 +236,15 @@ def _pprof_name(frame: Frame) -> str:
 class FlameGraphHtml(Exporter):
     """A flame graph in one HTML file: inline script and style, no network, opens offline.
 
+    The script is the dashboard's renderer (``web/static/flame.js``), inlined.
     Threads are the first level under the root. Click a frame to zoom into
     it (again, or on an ancestor, to go back out), search by name or file
     (``/regex/`` too) to see the share of matching frames, flip the root to
     the bottom. The profile is embedded as JSON (``#dyper-data``: frames
     ``[name, file, line, kind]`` and the tree ``[frame, self, total,
-    [children]]``). Trees above :attr:`max_nodes` nodes lose their smallest
-    frames, which leaves gaps of the size they had.
+    [children]]``, as :func:`monitor.flame.flame_tree` builds them). Trees
+    above :attr:`max_nodes` nodes lose their smallest frames, which leaves
+    gaps of the size they had.
     """
 
     format = "html"
@@ -254,7 +255,12 @@ class FlameGraphHtml(Exporter):
 
     def render(self, profile: Profile) -> str:
         data = self.data(profile)
-        template = resources.files("dyper.monitor").joinpath("templates/flamegraph.html").read_text(encoding="utf-8")
+        package = resources.files("dyper.monitor")
+        template = package.joinpath("templates/flamegraph.html").read_text(encoding="utf-8")
+        # The dashboard's renderer, inlined so that the file stays self-contained.
+        script = package.joinpath("web/static/flame.js").read_text(encoding="utf-8")
+        if "</script" in script.lower() or "<!--" in script:
+            raise ValueError("flame.js would end its <script> element early")
         # In a <script> element only "</" can end it early; escaping < > & keeps the JSON inert.
         payload = (
             json.dumps(data, separators=(",", ":"), ensure_ascii=False)
@@ -262,34 +268,19 @@ class FlameGraphHtml(Exporter):
             .replace(">", "\\u003e")
             .replace("&", "\\u0026")
         )
-        return template.replace("__DYPER_TITLE__", html.escape(data["title"])).replace("__DYPER_DATA__", payload)
+        parts = {"__DYPER_TITLE__": html.escape(data["title"]), "__DYPER_FLAME_JS__": script, "__DYPER_DATA__": payload}
+        # One pass, so that nothing substituted (a title, a frame's name) is read as a placeholder.
+        return re.sub("|".join(parts), lambda m: parts[m[0]], template)
 
     def data(self, profile: Profile) -> dict[str, Any]:
-        """The embedded JSON: title, subtitle, unit, frames and the nested tree."""
-        is_library = profile.library_predicate()
-        frames: list[list[Any]] = [["all", "", 0, 3]]
-        frame_ids: dict[int, int] = {}
-        thread_ids: dict[int, int] = {}
-        # node: [frame, self, total, children by key]
-        root: list[Any] = [0, 0, 0, {}]
-        for st, stack in profile.charged_stacks(self.charge_libraries):
-            n = self._value(st.wall, st.cpu)
-            if n == 0:
-                continue
-            tf = thread_ids.get(st.thread)
-            if tf is None:
-                tf = thread_ids[st.thread] = len(frames)
-                frames.append([f"{profile.threads.get(st.thread, 'thread')} ({st.thread})", "", 0, 2])
-            node = root
-            node[2] += n
-            for key in (tf, *(self._frame_id(profile, i, frames, frame_ids, is_library) for i in stack)):
-                child = node[3].get(key)
-                if child is None:
-                    child = node[3][key] = [key, 0, 0, {}]
-                child[2] += n
-                node = child
-            node[1] += n
-        floor = prune_floor(root, self.max_nodes)
+        """The embedded JSON: title, subtitle, unit, frames and the nested tree (see :mod:`monitor.flame`)."""
+        flame = flame_tree(
+            profile,
+            self.metric,
+            charge_libraries=self.charge_libraries,
+            max_nodes=self.max_nodes,
+            thread_label=lambda tid, name: f"{name} ({tid})",
+        )
         proc = profile.process
         argv = " ".join(proc.get("argv") or []) or "python"
         window = (proc.get("window") or {}).get("description") or (
@@ -298,53 +289,15 @@ class FlameGraphHtml(Exporter):
         subtitle = f"pid {proc.get('pid', '?')} · {argv} · {self.metric} samples · {window}"
         if self.charge_libraries:
             subtitle += " · library time charged to the calling application line"
-        if floor:
-            subtitle += f" · frames under {floor} samples left out"
+        if flame.floor:
+            subtitle += f" · frames under {flame.floor} samples left out"
         return {
             "title": f"dyper: {argv[:80]} (pid {proc.get('pid', '?')})",
             "subtitle": subtitle,
             "unit": f"{self.metric} samples",
-            "frames": frames,
-            "tree": _nested(root, floor),
+            "frames": flame.frames,
+            "tree": flame.tree,
         }
-
-    @staticmethod
-    def _frame_id(profile: Profile, i: int, frames: list[list[Any]], ids: dict[int, int], is_library: Any) -> int:
-        fid = ids.get(i)
-        if fid is None:
-            f = profile.frames[i]
-            fid = ids[i] = len(frames)
-            frames.append([f.name, f.file, f.line, 1 if is_library(f.file) else 0])
-        return fid
-
-
-def prune_floor(root: list[Any], max_nodes: int) -> int:
-    """The smallest total a node needs to be kept so that at most ``max_nodes`` are (0: keep all)."""
-    totals: list[int] = []
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        totals.append(node[2])
-        stack.extend(node[3].values())
-    if len(totals) <= max_nodes:
-        return 0
-    totals.sort(reverse=True)
-    return int(totals[max_nodes - 1]) + 1
-
-
-def _nested(node: list[Any], floor: int) -> list[Any]:
-    """``[frame, self, total, [children, largest first]]``, dropping children under ``floor``."""
-    out: list[Any] = [node[0], node[1], node[2], []]
-    stack = [(node, out)]
-    while stack:
-        src, dst = stack.pop()
-        for child in sorted(src[3].values(), key=lambda c: -c[2]):
-            if child[2] < floor:
-                continue
-            copy: list[Any] = [child[0], child[1], child[2], []]
-            dst[3].append(copy)
-            stack.append((child, copy))
-    return out
 
 
 EXPORTERS: tuple[type[Exporter], ...] = (Speedscope, Pprof, FlameGraphHtml, Collapsed, OwnJson)

@@ -491,11 +491,15 @@ class Monitor:
         session = self.session_for(pid)
         if session is None:
             return 0
+        return self._send_to_agents(session, msg_type, lambda state: body)
+
+    def _send_to_agents(self, session: Session, msg_type: str, body: Callable[[AgentState], dict[str, Any]]) -> int:
+        """Post to each connected agent of ``session`` the body made for it; how many were told."""
         n = 0
         for state in session.agents.values():
             ident = self.routing.get(state.agent_id)
             if state.connected and ident is not None:
-                self.post(ident, msg_type, body)
+                self.post(ident, msg_type, body(state))
                 n += 1
         return n
 
@@ -511,19 +515,13 @@ class Monitor:
     def _configure_budget(self, session: Session, budget: float) -> int:
         """Send a new budget to the session's connected agents, each with the plan for it (DYMON re-plans)."""
         now = time.monotonic()
-        n = 0
-        for state in session.agents.values():
-            ident = self.routing.get(state.agent_id)
-            if not state.connected or ident is None:
-                continue
-            body: dict[str, Any] = {"budget": budget}
+
+        def body(state: AgentState) -> dict[str, Any]:
             schedule = self.schedules.get(state.agent_id)
             timings = schedule.set_budget(budget, now) if schedule is not None else None
-            if timings is not None:
-                body["plan"] = timings
-            self.post(ident, protocol.CONFIGURE, body)
-            n += 1
-        return n
+            return {"budget": budget} if timings is None else {"budget": budget, "plan": timings}
+
+        return self._send_to_agents(session, protocol.CONFIGURE, body)
 
     def sessions_info(self) -> list[dict[str, Any]]:
         from dyper.monitor.views import session_info

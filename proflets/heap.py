@@ -248,13 +248,6 @@ def top_types(by_name: Mapping[str, Sequence[int]]) -> list[list[Any]]:
     return [[name, int(v[0]), int(v[1])] for name, v in rows.items()]
 
 
-def _rss_bytes() -> int | None:
-    try:
-        return int(procfs.read("/proc/self/statm").split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def calibrate() -> CensusCost:
     """A census of a small synthetic heap (5,000 objects, best of three), for the first estimate."""
 
@@ -422,7 +415,7 @@ class HeapCollector(Collector):
 
     def report(self, ctx: ReportContext) -> dict[str, Any] | None:
         # The process's size, for the priority (memory growth); one small read.
-        rss = _rss_bytes()
+        rss = procfs.rss_bytes()
         return {"rss": rss} if rss is not None else None
 
     def close(self) -> None:

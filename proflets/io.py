@@ -284,16 +284,6 @@ def _comm(tid: int) -> str:
         return ""
 
 
-def _app_threads(skip: int) -> dict[int, int]:
-    """Python ident -> kernel thread id of the application's threads."""
-    active = threading._active  # type: ignore[attr-defined]  # read-only
-    return {
-        ident: t.native_id
-        for ident, t in list(active.items())
-        if ident != skip and t.native_id is not None and not t.name.startswith("dyper-")
-    }
-
-
 # --- agent half ---------------------------------------------------------------------------
 
 
@@ -551,7 +541,7 @@ class IoCollector(Collector):
 
     def _thread_io(self) -> dict[int, tuple[int, list[int]]]:
         out = {}
-        for ident, native in _app_threads(self._me).items():
+        for ident, native in procfs.app_threads(self._me).items():
             io = read_io(f"/proc/self/task/{native}/io")
             if io is not None:
                 out[ident] = (native, io)

@@ -84,16 +84,6 @@ FIRST_WATCH_S = 0.1
 MIN_WATCH_S = 0.01
 
 
-def rss_bytes() -> int:
-    """The resident set size now (Linux), or the peak where /proc is missing."""
-    try:
-        return int(procfs.read("/proc/self/statm").split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        import resource
-
-        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-
-
 # --- agent half: the basic analysis -----------------------------------------------------
 
 
@@ -705,7 +695,12 @@ class MemoryCollector(AllocationSites):
         if self._watch is None:
             return None
         data = self._watch.read()
-        data["rss"] = rss_bytes()
+        rss = procfs.rss_bytes()
+        if rss is None:  # no /proc: the peak is what there is
+            import resource
+
+            rss = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+        data["rss"] = rss
         data["callback_cost_s"] = self._watch.callback_cost_s
         return data
 

@@ -53,16 +53,6 @@ def thread_cpu_s(native_id: int) -> float | None:
         return None
 
 
-def _native_ids(skip: int) -> dict[int, int]:
-    """Python thread ident -> kernel thread id, for the threads threading knows."""
-    active = threading._active  # type: ignore[attr-defined]  # read-only
-    return {
-        ident: t.native_id
-        for ident, t in list(active.items())
-        if ident != skip and t.native_id is not None and not t.name.startswith("dyper-")
-    }
-
-
 _ROOTS = frozenset({"LOAD_FAST", "LOAD_DEREF", "LOAD_GLOBAL", "LOAD_NAME", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW"})
 _ATTRS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
 
@@ -162,7 +152,7 @@ def _schedstat(native_id: int) -> tuple[int, int, int, int] | None:
 def read_clocks(skip: int) -> dict[int, tuple[int, float]]:
     """Python ident -> (kernel thread id, CPU seconds), for the threads threading knows but ``skip`` and dyper's."""
     clocks = {}
-    for ident, native in _native_ids(skip).items():
+    for ident, native in procfs.app_threads(skip).items():
         cpu = thread_cpu_s(native)
         if cpu is not None:
             clocks[ident] = (native, cpu)
@@ -196,7 +186,7 @@ class SchedCounters:
         self._started = 0.0
 
     def start(self, skip: int) -> None:
-        self._natives = _native_ids(skip)
+        self._natives = procfs.app_threads(skip)
         self._start = {ident: stat for ident, native in self._natives.items() if (stat := _schedstat(native))}
         self._started = time.perf_counter()
 

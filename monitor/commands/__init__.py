@@ -8,18 +8,84 @@ its docstring is the help text. Errors meant for the user are raised as
 from __future__ import annotations
 
 import argparse
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from dyper.agent import CurveKeys
+    from dyper.monitor.client import MonitorClient
     from dyper.monitor.windows import WindowSpec
 
 from dyper.agent.protocol import parse_budget
+
+#: How long a command waits for the standing monitor's ping: a missing monitor is told in seconds.
+PING_TIMEOUT_S = 3.0
 
 
 class CliError(Exception):
     def __init__(self, message: str, code: int = 1) -> None:
         super().__init__(message)
         self.code = code
+
+
+@contextlib.contextmanager
+def standing_monitor(
+    endpoint: str,
+    *,
+    curve: CurveKeys | None = None,
+    timeout_s: float = 3.0,
+    ping_timeout_s: float = PING_TIMEOUT_S,
+) -> Iterator[MonitorClient]:
+    """A client of the standing monitor at ``endpoint`` that has answered a ping (a CliError if none does).
+
+    Its later calls wait up to ``timeout_s``: a window read from a long
+    history may take a while, a missing monitor should not.
+    """
+    from dyper.monitor.client import MonitorClient, MonitorUnreachable
+
+    with MonitorClient(endpoint, timeout=ping_timeout_s, curve=curve) as client:
+        try:
+            client.call("ping")
+        except MonitorUnreachable as exc:
+            raise CliError(str(exc)) from None
+        client.timeout = timeout_s
+        yield client
+
+
+def through_monitor_or_inside(
+    endpoint: str,
+    pid: int,
+    ask: Callable[[MonitorClient], bool],
+    inside: Callable[[], bool],
+    done: str,
+    missing: str = "",
+) -> int:
+    """Control the agent in ``pid``: through the standing monitor, else straight inside the process.
+
+    ``ask`` asks the monitor (True: it reached the agent); when no monitor
+    answers or none knows the process, ``inside`` tells the agent in the
+    process directly (True: one was running). Prints ``done``; with no
+    agent, a CliError ending in ``missing``.
+    """
+    from dyper.monitor.attach import AttachError
+    from dyper.monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
+
+    try:
+        with MonitorClient(endpoint, timeout=1.0) as client:
+            if ask(client):
+                print(done)
+                return 0
+    except (MonitorUnreachable, MonitorRefused):
+        pass  # no monitor, or one that does not know the process: ask inside it
+    try:
+        running = inside()
+    except AttachError as exc:
+        raise CliError(str(exc)) from None
+    if not running:
+        raise CliError(f"no dyper agent is running in process {pid}{missing}")
+    print(done)
+    return 0
 
 
 def budget_arg(text: str) -> float:
@@ -112,12 +178,18 @@ def add_output_arguments(parser: argparse.ArgumentParser) -> None:
         help="write the profile when done; format by extension: .speedscope.json, .pb.gz (pprof), .html "
         "(flame graph), .collapsed, .json",
     )
-    parser.add_argument(
-        "--metric",
-        choices=("cpu", "wall"),
-        default="cpu",
-        help="cpu leaves out samples of threads blocked in sleep/lock/I/O calls (default); wall keeps them",
-    )
+    add_metric_arguments(parser)
+
+
+def add_metric_arguments(parser: argparse.ArgumentParser, *, metric: bool = True, note: str = "") -> None:
+    """``--metric cpu|wall`` (``metric``; ``note`` ends its help) and ``--libraries``: how a profile is read."""
+    if metric:
+        parser.add_argument(
+            "--metric",
+            choices=("cpu", "wall"),
+            default="cpu",
+            help="cpu leaves out samples of threads blocked in sleep/lock/I/O calls (default); wall keeps them" + note,
+        )
     parser.add_argument(
         "--libraries",
         action="store_true",

@@ -24,14 +24,13 @@ from rich.console import Console
 from dyper.monitor.attach import Attached, AttachError, attach
 from dyper.monitor.commands import (
     CliError,
-    add_output_arguments,
-    add_trigger_arguments,
     budget_arg,
     duration_arg,
     pid_arg,
+    standing_monitor,
     trigger_specs,
 )
-from dyper.monitor.commands.run import add_key_arguments, key_options
+from dyper.monitor.commands.run import add_session_arguments, key_options
 from dyper.monitor.embedded import Options, detach_via, finish_output, profile_target
 from dyper.monitor.server import Monitor
 
@@ -65,11 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--duration", type=duration_arg, help="detach after this many seconds")
     parser.add_argument("--monitor", metavar="ENDPOINT", help="stream to a standing monitor and return")
-    add_trigger_arguments(parser)
-    add_key_arguments(parser)
-    parser.add_argument("--window", type=duration_arg, help="live view over the last N seconds only")
-    parser.add_argument("-q", "--quiet", action="store_true", help="no live view, only the final summary")
-    add_output_arguments(parser)
+    add_session_arguments(parser)
 
 
 class AttachedProcess:
@@ -190,14 +185,8 @@ def _attach_to_standing(
 ) -> int:
     import time
 
-    from dyper.monitor.client import MonitorClient, MonitorUnreachable
-
     curve, monitor_key, key = keys
-    with MonitorClient(args.monitor, curve=curve) as client:
-        try:
-            client.call("ping")
-        except MonitorUnreachable as exc:
-            raise CliError(str(exc)) from None
+    with standing_monitor(args.monitor, curve=curve) as client:
         try:
             attached = attach(
                 args.pid,

@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from rich.console import Console
 
-from dyper.monitor.commands import CliError, add_monitor_argument, add_view_argument, window_arg
+from dyper.monitor.commands import CliError, add_metric_arguments, add_monitor_argument, add_view_argument, window_arg
 from dyper.monitor.profile import Profile
 from dyper.monitor.search.calltree import CallTreeProfile
 from dyper.monitor.search.comparative import ComparativeProfile
@@ -44,15 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compare", metavar="BASE", help="search SOURCE minus BASE (a file or a PID)")
     parser.add_argument("-c", "--commands", metavar="CMDS", help="run these commands (separated by ;) and exit")
     parser.add_argument("--json", action="store_true", help="print the commands' results as one JSON list")
-    parser.add_argument(
-        "--metric",
-        choices=("cpu", "wall"),
-        default="cpu",
-        help="for dyper profiles and PIDs: cpu leaves out blocked samples (default), wall keeps them; "
-        "collapsed files carry one count",
-    )
+    add_metric_arguments(parser, note="; collapsed files carry one count")
     parser.add_argument("--lines", action="store_true", help="one name per line instead of per function")
-    parser.add_argument("--libraries", action="store_true", help="charge library time to the calling app line")
     parser.add_argument(
         "--trigger",
         type=int,

@@ -11,9 +11,8 @@ from __future__ import annotations
 import argparse
 
 from dyper.agent import DEFAULT_MONITOR
-from dyper.monitor.attach import AttachError, set_budget
-from dyper.monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
-from dyper.monitor.commands import CliError, budget_arg, endpoint_arg, pid_arg
+from dyper.monitor.attach import set_budget
+from dyper.monitor.commands import budget_arg, endpoint_arg, pid_arg, through_monitor_or_inside
 
 NAME = "budget"
 
@@ -25,18 +24,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        with MonitorClient(args.monitor, timeout=1.0) as client:
-            if client.call("budget", pid=args.pid, budget=args.budget)["configured"]:
-                print(f"budget of {args.pid} set to {100 * args.budget:g}%")
-                return 0
-    except (MonitorUnreachable, MonitorRefused):
-        pass
-    try:
-        running = set_budget(args.pid, args.budget)
-    except AttachError as exc:
-        raise CliError(str(exc)) from None
-    if not running:
-        raise CliError(f"no dyper agent is running in process {args.pid}: dyper attach {args.pid} first")
-    print(f"budget of {args.pid} set to {100 * args.budget:g}%")
-    return 0
+    return through_monitor_or_inside(
+        args.monitor,
+        args.pid,
+        lambda client: bool(client.call("budget", pid=args.pid, budget=args.budget)["configured"]),
+        lambda: set_budget(args.pid, args.budget),
+        f"budget of {args.pid} set to {100 * args.budget:g}%",
+        f": dyper attach {args.pid} first",
+    )

@@ -36,7 +36,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from dyper.monitor.commands import CliError, add_monitor_argument, duration_arg
+from dyper.monitor.commands import CliError, add_metric_arguments, add_monitor_argument, duration_arg
 from dyper.monitor.consolidate import (
     DEFAULT_THRESHOLD_PCT,
     SourceShares,
@@ -86,14 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="flag what reaches the threshold in any source (default), or, as the paper does, "
         "what has significance and range both at or above it",
     )
-    parser.add_argument(
-        "--metric",
-        choices=("cpu", "wall"),
-        default="cpu",
-        help="for dyper profiles and PIDs: cpu leaves out blocked samples (default), wall keeps them; "
-        "collapsed files carry one count",
-    )
-    parser.add_argument("--libraries", action="store_true", help="charge library time to the calling app line")
+    add_metric_arguments(parser, note="; collapsed files carry one count")
     parser.add_argument(
         "--windows",
         type=_windows_arg,

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import TYPE_CHECKING
 
-from dyper.monitor.attach import AttachError, detach
-from dyper.monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
-from dyper.monitor.commands import CliError, add_monitor_argument, pid_arg
+from dyper.monitor.attach import detach
+from dyper.monitor.commands import add_monitor_argument, pid_arg, through_monitor_or_inside
+
+if TYPE_CHECKING:
+    from dyper.monitor.client import MonitorClient
 
 NAME = "detach"
 
@@ -23,30 +26,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_monitor_argument(parser)
 
 
-def _via_monitor(endpoint: str, pid: int) -> bool:
-    try:
-        with MonitorClient(endpoint, timeout=1.0) as client:
-            if not client.call("detach", pid=pid)["detached"]:
-                return False
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline:
-                if not any(s["pid"] == pid and s["connected"] for s in client.call("sessions")):
-                    return True
-                time.sleep(0.05)
-    except (MonitorUnreachable, MonitorRefused):
+def _via_monitor(client: MonitorClient, pid: int) -> bool:
+    """The monitor passed the detach on and the agent has hung up (within 5 s)."""
+    if not client.call("detach", pid=pid)["detached"]:
         return False
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        if not any(s["pid"] == pid and s["connected"] for s in client.call("sessions")):
+            return True
+        time.sleep(0.05)
     return False
 
 
 def run(args: argparse.Namespace) -> int:
-    if _via_monitor(args.monitor, args.pid):
-        print(f"detached from {args.pid}")
-        return 0
-    try:
-        was_running = detach(args.pid)
-    except AttachError as exc:
-        raise CliError(str(exc)) from None
-    if not was_running:
-        raise CliError(f"no dyper agent is running in process {args.pid}")
-    print(f"detached from {args.pid}")
-    return 0
+    return through_monitor_or_inside(
+        args.monitor,
+        args.pid,
+        lambda client: _via_monitor(client, args.pid),
+        lambda: detach(args.pid),
+        f"detached from {args.pid}",
+    )

@@ -41,7 +41,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from dyper.monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
-from dyper.monitor.commands import CliError, add_monitor_argument, window_arg
+from dyper.monitor.commands import CliError, add_metric_arguments, add_monitor_argument, window_arg
 from dyper.monitor.commands.bottlenecks import read_source
 from dyper.monitor.consolidate import parse_threshold
 from dyper.monitor.search.diagnose import DESCRIPTIONS, Diagnosis, diagnose, diagnose_tree
@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="share of the busy samples that makes a bottleneck, e.g. 5%% (default 5%%, the paper's)",
     )
     parser.add_argument("--json", action="store_true", help="print the bottlenecks and the search history as JSON")
-    parser.add_argument("--libraries", action="store_true", help="charge library time to the calling app line")
+    add_metric_arguments(parser, metric=False)
     parser.add_argument(
         "--window",
         type=window_arg,

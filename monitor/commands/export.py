@@ -32,15 +32,21 @@ import argparse
 import os
 import sys
 
-from dyper.monitor.commands import CliError, add_monitor_argument, add_view_argument
+from dyper.monitor.commands import (
+    PING_TIMEOUT_S,
+    CliError,
+    add_metric_arguments,
+    add_monitor_argument,
+    add_view_argument,
+    standing_monitor,
+)
 from dyper.monitor.exports import FORMATS, Exporter, exporter_for, exporter_named
 from dyper.monitor.profile import Profile
 from dyper.monitor.windows import WindowSpec, parse_seconds
 
 NAME = "export"
 
-#: How long to wait for a monitor to answer at all (a window read from history may then take longer).
-PING_TIMEOUT_S = 3.0
+#: How long reading the profile may take once the monitor answered (a window from a long history takes a while).
 QUERY_TIMEOUT_S = 120.0
 
 
@@ -78,14 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--normal", action="store_true", help="with --trigger: the window as long just before the event instead"
     )
-    parser.add_argument(
-        "--metric",
-        choices=("cpu", "wall"),
-        default="cpu",
-        help="cpu leaves out samples of threads blocked in sleep/lock/I/O calls (default); wall keeps them "
-        "(pprof and json carry both)",
-    )
-    parser.add_argument("--libraries", action="store_true", help="charge library time to the calling app line")
+    add_metric_arguments(parser, note=" (pprof and json carry both)")
     parser.add_argument("--tag", metavar="NAME", help="only the samples inside functions tagged NAME (agent.tag)")
     add_view_argument(parser)
     parser.add_argument(
@@ -107,7 +106,7 @@ def _spec(args: argparse.Namespace) -> WindowSpec | None:
 
 
 def _from_monitor(args: argparse.Namespace, pid: int, spec: WindowSpec | None) -> Profile:
-    from dyper.monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
+    from dyper.monitor.client import MonitorRefused, MonitorUnreachable
 
     call: dict[str, object] = {"pid": pid}
     if args.service:
@@ -123,9 +122,7 @@ def _from_monitor(args: argparse.Namespace, pid: int, spec: WindowSpec | None) -
             raise CliError("--view tasks is of one process: leave out --service", code=2)
         call["view"] = "tasks"
     try:
-        with MonitorClient(args.monitor, timeout=PING_TIMEOUT_S) as client:
-            client.call("ping")  # a missing monitor is told in seconds...
-            client.timeout = QUERY_TIMEOUT_S  # ...but a window read from a long history may take a while
+        with standing_monitor(args.monitor, timeout_s=QUERY_TIMEOUT_S, ping_timeout_s=PING_TIMEOUT_S) as client:
             return Profile.from_json(client.call("profile", **call), f"pid {pid}")
     except (MonitorUnreachable, MonitorRefused, ValueError) as exc:
         raise CliError(str(exc)) from None

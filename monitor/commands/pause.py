@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import argparse
 
-from dyper.monitor.attach import AttachError, control
-from dyper.monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
-from dyper.monitor.commands import CliError, add_monitor_argument, pid_arg
+from dyper.monitor.attach import control
+from dyper.monitor.commands import add_monitor_argument, pid_arg, through_monitor_or_inside
 
 NAME = "pause"
 
@@ -32,21 +31,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def send(args: argparse.Namespace, op: str) -> int:
     """Ask the monitor that knows ``args.pid`` to pass ``op`` on; else tell the agent inside the process."""
-    try:
-        with MonitorClient(args.monitor, timeout=1.0) as client:
-            if client.call(op, pid=args.pid)["configured"]:
-                print(DONE[op].format(pid=args.pid))
-                return 0
-    except (MonitorUnreachable, MonitorRefused):
-        pass  # no monitor, or one that does not know the process: ask inside it
-    try:
-        running = control(args.pid, op)
-    except AttachError as exc:
-        raise CliError(str(exc)) from None
-    if not running:
-        raise CliError(f"no dyper agent is running in process {args.pid}: dyper attach {args.pid} first")
-    print(DONE[op].format(pid=args.pid))
-    return 0
+    return through_monitor_or_inside(
+        args.monitor,
+        args.pid,
+        lambda client: bool(client.call(op, pid=args.pid)["configured"]),
+        lambda: control(args.pid, op),
+        DONE[op].format(pid=args.pid),
+        f": dyper attach {args.pid} first",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

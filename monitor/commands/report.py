@@ -21,11 +21,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from dyper.monitor.commands import CliError, add_monitor_argument, duration_arg
+from dyper.monitor.commands import CliError, add_monitor_argument, duration_arg, standing_monitor
 
 NAME = "report"
 
-PING_TIMEOUT_S = 3.0
 QUERY_TIMEOUT_S = 60.0
 
 
@@ -64,15 +63,13 @@ def load_report(args: argparse.Namespace) -> dict[str, Any]:
 
 def _ask_monitor(args: argparse.Namespace, op: str) -> Any:
     """``op`` (report or profile) of the process ``args.source`` from the standing monitor, over ``--last``."""
-    from dyper.monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
+    from dyper.monitor.client import MonitorRefused, MonitorUnreachable
 
     call: dict[str, object] = {"pid": int(args.source)}
     if args.last is not None:
         call["window_s"] = args.last
     try:
-        with MonitorClient(args.monitor, timeout=PING_TIMEOUT_S) as client:
-            client.call("ping")
-            client.timeout = QUERY_TIMEOUT_S
+        with standing_monitor(args.monitor, timeout_s=QUERY_TIMEOUT_S) as client:
             return client.call(op, **call)
     except (MonitorUnreachable, MonitorRefused) as exc:
         raise CliError(str(exc)) from None

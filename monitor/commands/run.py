@@ -33,6 +33,7 @@ from dyper.monitor.commands import (
     add_trigger_arguments,
     budget_arg,
     duration_arg,
+    standing_monitor,
     trigger_specs,
 )
 from dyper.monitor.embedded import Options, finish_output, profile_target
@@ -52,11 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--duration", type=duration_arg, help="stop after this many seconds")
     parser.add_argument("--monitor", metavar="ENDPOINT", help="stream to a standing monitor (dyper monitor)")
-    add_trigger_arguments(parser)
-    add_key_arguments(parser)
-    parser.add_argument("--window", type=duration_arg, help="live view over the last N seconds only")
-    parser.add_argument("-q", "--quiet", action="store_true", help="no live view, only the final summary")
-    add_output_arguments(parser)
+    add_session_arguments(parser)
     # dest "program": "command" is where the CLI keeps the subcommand's name for its error lines
     parser.add_argument("program", metavar="command", nargs=argparse.REMAINDER, help="the program to run, after --")
 
@@ -89,6 +86,15 @@ class Child:
                 return
             except TimeoutError:
                 continue
+
+
+def add_session_arguments(parser: argparse.ArgumentParser) -> None:
+    """What run and attach both take: triggers, CURVE keys, the live view and the profile written at the end."""
+    add_trigger_arguments(parser)
+    add_key_arguments(parser)
+    parser.add_argument("--window", type=duration_arg, help="live view over the last N seconds only")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no live view, only the final summary")
+    add_output_arguments(parser)
 
 
 def add_key_arguments(parser: argparse.ArgumentParser) -> None:
@@ -227,14 +233,10 @@ def _run_with_standing_monitor(
     console: Console,
     keys: tuple[CurveKeys | None, str | None, str | None],
 ) -> int:
-    from dyper.monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
+    from dyper.monitor.client import MonitorRefused, MonitorUnreachable
 
     curve, monitor_key, key = keys
-    with MonitorClient(args.monitor, curve=curve) as client:
-        try:
-            client.call("ping")
-        except MonitorUnreachable as exc:
-            raise CliError(str(exc)) from None
+    with standing_monitor(args.monitor, curve=curve) as client:
         env = child_env(
             args.monitor,
             args.budget,

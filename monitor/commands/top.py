@@ -16,7 +16,14 @@ from rich.live import Live
 from rich.table import Table
 
 from dyper.monitor.client import MonitorClient, MonitorRefused, MonitorUnreachable
-from dyper.monitor.commands import CliError, add_monitor_argument, add_view_argument, duration_arg, pid_arg
+from dyper.monitor.commands import (
+    CliError,
+    add_metric_arguments,
+    add_monitor_argument,
+    add_view_argument,
+    duration_arg,
+    pid_arg,
+)
 from dyper.monitor.views import render_top
 
 NAME = "top"
@@ -31,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_monitor_argument(parser)
     parser.add_argument("--window", type=duration_arg, help="the last N seconds only (default: whole run)")
-    parser.add_argument("--libraries", action="store_true", help="charge library time to the calling app line")
+    add_metric_arguments(parser, metric=False)
     add_view_argument(parser)
     parser.add_argument("--once", action="store_true", help="print the view once and exit")
     parser.add_argument("--json", action="store_true", help="print the view once as JSON and exit")

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dyper.agent.budget import slowdown
-from dyper.monitor.exports import prune_floor
+from dyper.monitor.flame import flame_tree
 from dyper.monitor.profile import DEFAULT_FLOOR_PCT, Metric, Profile
 from dyper.monitor.search.repl import short_name
 from dyper.monitor.session import Session, same_process
@@ -266,85 +266,24 @@ def flame_data(
     *,
     charge_libraries: bool = False,
 ) -> dict[str, Any]:
-    """A flame graph of ``profile`` (threads first under the root), and, with ``base``, the difference.
+    """A flame graph of ``profile`` (threads first under the root, by name), and, with ``base``, the difference.
 
-    Shape (as the exported HTML flame graph's): ``frames`` ``[name, file,
-    line, kind]`` (kind 0 application, 1 library, 2 thread, 3 root) and
-    ``tree`` ``[frame, self, total, [children], base total]``. With ``base``
-    the boxes keep ``profile``'s widths and carry the base window's total of
-    the same call path, so the page colours each by how its share changed.
-    Threads are keyed by name, so a differential view lines up the same
-    thread across windows.
+    The tree is :func:`monitor.flame.flame_tree`'s, as the exported HTML flame
+    graph's. With ``base`` the boxes keep ``profile``'s widths and carry the
+    base window's total of the same call path, so the page colours each by
+    how its share changed. Threads are keyed by name, so a differential view
+    lines up the same thread across windows.
     """
-    frames: list[list[Any]] = [["all", "", 0, 3]]
-    frame_ids: dict[tuple[Any, ...], int] = {}
-    # node: [frame, self, total, children by frame id, base total]
-    root: list[Any] = [0, 0, 0, {}, 0]
-
-    def add(p: Profile, n_index: int) -> None:
-        is_library = p.library_predicate()
-        for st, stack in p.charged_stacks(charge_libraries):
-            n = st.cpu if metric == "cpu" else st.wall
-            if n == 0:
-                continue
-            thread = p.threads.get(st.thread, "thread")
-            keys: list[int] = [_fid(frames, frame_ids, ("t", thread), [thread, "", 0, 2])]
-            for i in stack:
-                f = p.frames[i]
-                keys.append(
-                    _fid(frames, frame_ids, (f.name, f.file, f.line), [f.name, f.file, f.line, int(is_library(f.file))])
-                )
-            node = root
-            node[n_index] += n
-            for key in keys:
-                child = node[3].get(key)
-                if child is None:
-                    child = node[3][key] = [key, 0, 0, {}, 0]
-                child[n_index] += n
-                node = child
-            if n_index == 2:
-                node[1] += n
-
-    add(profile, 2)
-    if base is not None:
-        add(base, 4)
-    floor = prune_floor(root, MAX_FLAME_NODES)
-    proc = profile.process
-    window = (proc.get("window") or {}).get("description") or "whole run"
+    flame = flame_tree(profile, metric, base=base, charge_libraries=charge_libraries, max_nodes=MAX_FLAME_NODES)
+    window = (profile.process.get("window") or {}).get("description") or "whole run"
     out: dict[str, Any] = {
         "unit": f"{metric} samples",
         "window": window,
-        "frames": frames,
-        "tree": _nested(root, floor, base is not None),
-        "floor": floor,
+        "frames": flame.frames,
+        "tree": flame.tree,
+        "floor": flame.floor,
     }
     if base is not None:
         out["base_window"] = (base.process.get("window") or {}).get("description") or "whole run"
-        out["base_total"] = root[4]
-    return out
-
-
-def _fid(frames: list[list[Any]], ids: dict[tuple[Any, ...], int], key: tuple[Any, ...], row: list[Any]) -> int:
-    fid = ids.get(key)
-    if fid is None:
-        fid = ids[key] = len(frames)
-        frames.append(row)
-    return fid
-
-
-def _nested(root: list[Any], floor: int, with_base: bool) -> list[Any]:
-    def copy(node: list[Any]) -> list[Any]:
-        return [node[0], node[1], node[2], [], node[4]] if with_base else [node[0], node[1], node[2], []]
-
-    out = copy(root)
-    stack = [(root, out)]
-    while stack:
-        src, dst = stack.pop()
-        for child in sorted(src[3].values(), key=lambda c: -c[2]):
-            # Paths only in the base window have no width in this one: nothing to draw.
-            if child[2] < max(floor, 1):
-                continue
-            c = copy(child)
-            dst[3].append(c)
-            stack.append((child, c))
+        out["base_total"] = flame.base_total
     return out

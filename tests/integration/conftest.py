@@ -95,18 +95,9 @@ class StandingMonitor:
             cwd=REPO,
         )
         self.log.close()  # the monitor has its own descriptor
-        from dyper.monitor.client import MonitorClient, MonitorUnreachable
+        from dyper.monitor.client import wait_for_monitor
 
-        deadline = time.monotonic() + 15
-        with MonitorClient(self.endpoint, timeout=0.5) as client:
-            while True:
-                try:
-                    client.call("ping")
-                    return
-                except MonitorUnreachable:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.1)
+        wait_for_monitor(self.endpoint, 15)
 
     def call(self, op: str, **args: object) -> object:
         from dyper.monitor.client import MonitorClient

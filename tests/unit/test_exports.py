@@ -218,6 +218,18 @@ def test_html_keeps_hostile_names_inert(profile):
     assert any(f[0] == "</script><script>alert(1)</script>&amp;" for f in _html_data(text)["frames"])
 
 
+def test_html_inlines_the_dashboards_renderer_and_reads_no_placeholder_twice(profile):
+    from importlib import resources
+
+    profile.process["argv"] = ["app.py", "__DYPER_DATA__", "__DYPER_FLAME_JS__"]
+    text = FlameGraphHtml("cpu").render(profile)
+    flame_js = resources.files("dyper.monitor").joinpath("web/static/flame.js").read_text(encoding="utf-8")
+    assert text.count(flame_js) == 1  # one renderer: the dashboard's, inlined
+    title = _html_data(text)["title"]
+    assert title.startswith("dyper: app.py __DYPER_DATA__ __DYPER_FLAME_JS__")
+    assert re.search(r"<title>(.*?)</title>", text)[1] == title  # the page's title, not the data put in its place
+
+
 def test_html_prunes_big_trees_to_the_largest_frames(profile):
     exporter = FlameGraphHtml("wall")
     exporter.max_nodes = 6
@@ -238,29 +250,38 @@ const page = fs.readFileSync(process.argv[2], "utf8");
 const data = /<script id="dyper-data" type="application\/json">([\s\S]*?)<\/script>/.exec(page)[1];
 const code = /<script>([\s\S]*?)<\/script>/.exec(page)[1];
 const els = {};
+function element(id) {
+  return {id, style: {}, innerHTML: "", textContent: "", value: "", listeners: {}, children: [],
+    clientWidth: 1000, addEventListener(t, f) { this.listeners[t] = f; }, focus() {},
+    appendChild(c) { this.children.push(c); return c; }};
+}
 function el(id) {
-  if (!els[id]) els[id] = {id, style: {}, innerHTML: "", textContent: "", value: "", listeners: {},
-    clientWidth: 1000, addEventListener(t, f) { this.listeners[t] = f; }, focus() {}};
+  if (!els[id]) els[id] = element(id);
   return els[id];
 }
 el("dyper-data").textContent = data;
-global.document = {getElementById: el, addEventListener() {}, activeElement: null};
+global.document = {getElementById: el, addEventListener() {}, activeElement: null, createElement: () => element()};
 global.window = {addEventListener() {}, innerWidth: 1200};
 new Function(code)();
+// the renderer draws in a div of its own inside #graph
+const graph = el("graph").children[0];
 const api = window.dyperFlame, out = {};
-out.first = el("graph").innerHTML;
+out.first = graph.innerHTML;
 out.title = el("title").textContent;
 const f = api.find("f");
 api.zoomTo(f);
-out.zoomed = el("graph").innerHTML;
+out.zoomed = graph.innerHTML;
 out.details = el("details").textContent;
 api.search("dumps");
 out.status = el("status").innerHTML;
-out.searched = el("graph").innerHTML;
+out.searched = graph.innerHTML;
 // a click on a frame's box zooms the way the page does it
 api.search("");
-el("graph").listeners.click({target: {getAttribute: (k) => (k === "data-i" ? String(api.find("g")) : null)}});
+graph.listeners.click({target: {getAttribute: (k) => (k === "data-i" ? String(api.find("g")) : null)}});
 out.clicked = el("details").textContent;
+api.reset();
+api.flip();
+out.flipped = graph.innerHTML;
 console.log(JSON.stringify(out));
 """
 
@@ -286,6 +307,10 @@ def test_html_flame_graph_script_renders_zooms_and_searches(profile, tmp_path):
     assert "9.6%</b> of all (5 cpu samples), 11.1% of the zoomed frame" in out["status"]
     assert re.search(r'class="n[^"]* hit[^"]*"[^>]*>dumps<', out["searched"]) and " miss" in out["searched"]
     assert out["clicked"].startswith("g\n")
+    # root at the bottom: the root's box is on the lowest row
+    flipped = re.findall(box, out["flipped"])
+    root = [b for b in flipped if b[1] == "0"]
+    assert int(root[0][3]) == max(int(b[3]) for b in flipped) > 0
 
 
 def test_exporters_by_name_and_by_file_name():

@@ -1,8 +1,10 @@
-// The dashboard's flame graph (icicle: root on top), after monitor/templates/flamegraph.html.
+// dyper's flame graph (an icicle: root on top, or at the bottom after flip()), the one renderer of the
+// dashboard's call tree and of the HTML file `dyper export` writes (which inlines this file).
 // DyperFlame.create(container, data, opts) draws data = {frames: [[name, file, line, kind]],
-// tree: [frame, self, total, [children], base total?], unit, base_total?}. With a base total
-// (a differential view) each box keeps this window's width and is coloured by how its share of
-// the samples changed against the base window: red grew, blue shrank.
+// tree: [frame, self, total, [children], base total?], unit, base_total?} (monitor/flame.py builds it)
+// into a new div.flame in container; opts.details and opts.status are elements it fills, #tip is its tooltip.
+// With a base total (a differential view) each box keeps this window's width and is coloured by how its
+// share of the samples changed against the base window: red grew, blue shrank.
 (function () {
   "use strict";
   var ROW = 18;
@@ -46,7 +48,7 @@
     graph.className = "flame";
     container.appendChild(graph);
     var details = opts.details || null, status = opts.status || null, tip = document.getElementById("tip");
-    var zoom = 0, hits = null;
+    var zoom = 0, hits = null, rootAtBottom = !!opts.rootAtBottom;
 
     function name(i) { return frames[F[i]][0]; }
     function where(i) { var f = frames[F[i]]; return f[1] ? f[1] + (f[2] ? ":" + f[2] : "") : ""; }
@@ -83,11 +85,12 @@
       for (var b = 0; b < boxes.length; b++) rows = Math.max(rows, boxes[b][3] + 1);
       for (b = 0; b < boxes.length; b++) {
         var box = boxes[b], n = box[0], cls = "n" + (box[4] ? " anc" : "");
+        var row = rootAtBottom ? rows - 1 - box[3] : box[3];
         if (hits) cls += hits[n] ? " hit" : " miss";
         var label = box[2] > 28 ? esc(name(n)) : "";
         if (label) cls += " l";
         html.push('<div class="' + cls + '" data-i="' + n + '" style="left:' + box[1].toFixed(1) + "px;top:" +
-          box[3] * ROW + "px;width:" + Math.max(box[2] - 1, 0.5).toFixed(1) + "px;background:" + color(n) + '">' +
+          row * ROW + "px;width:" + Math.max(box[2] - 1, 0.5).toFixed(1) + "px;background:" + color(n) + '">' +
           label + "</div>");
       }
       graph.style.height = Math.max(rows, 1) * ROW + "px";
@@ -185,6 +188,7 @@
     render();
     return {
       zoomTo: zoomTo, search: setSearch, render: render, reset: function () { zoomTo(0); },
+      flip: function () { rootAtBottom = !rootAtBottom; render(); return rootAtBottom; },
       find: function (n) { for (var i = 0; i < F.length; i++) if (name(i) === n) return i; return -1; },
       total: function (i) { return TOTAL[i]; }, count: function () { return F.length; },
       boxes: function () { return graph.querySelectorAll(".n").length; }
