@@ -31,8 +31,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dyper.agent.budget import slowdown
-from dyper.monitor.profile import Profile, process_info, session_paths
-from dyper.monitor.session import Session, SessionKey, StackKey, merge_counts
+from dyper.monitor.model.frames import StackKey
+from dyper.monitor.model.profile import Profile
+from dyper.monitor.profile import process_info, session_paths
+from dyper.monitor.session import Session, SessionKey, merge_counts
 from dyper.monitor.windows import WindowSpec
 
 #: A parent chain longer than this is a bug or a loop of reused pids: stop walking.

@@ -16,7 +16,7 @@ summed, plus whole-run totals; :meth:`state` / :meth:`restore` carry the
 totals through the monitor's history.
 
 This module is imported in the target too (proflet modules import it), so
-it imports nothing from the monitor at module level.
+it imports nothing from the monitor but the model's lights (no dependencies).
 """
 
 from __future__ import annotations
@@ -27,6 +27,11 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+# The light's type and its confidence curve are the model's; analyzers take them from here.
+from dyper.monitor.model.lights import Status, confidence_of
+
+__all__ = ["KINDS", "ROWS_KEPT", "Analyzer", "ReportView", "Status", "YappiCharge", "confidence_of", "paired_best"]
 
 #: Per-report rows kept for windows: an hour of reports at one a second.
 ROWS_KEPT = 3600
@@ -53,15 +58,6 @@ class ReportView:
     threads: Mapping[int, str] = field(default_factory=dict)
     #: processors the process may run on
     cpus: int = 1
-
-
-@dataclass(frozen=True)
-class Status:
-    problem: float = 0.0
-    confidence: float = 0.0
-
-    def to_json(self) -> dict[str, float]:
-        return {"problem": round(self.problem, 3), "confidence": round(self.confidence, 3)}
 
 
 def paired_best(
@@ -165,11 +161,6 @@ class YappiCharge:
         calls = events * (self.per_call_s or 0.0)
         busy = min(max(busy, calls), length)
         return calls + self.loss * (busy - calls)
-
-
-def confidence_of(samples: float, half: float = 200.0) -> float:
-    """How sure a figure from ``samples`` observations is: 0 with none, 0.5 at ``half``, towards 1."""
-    return samples / (samples + half) if samples > 0 else 0.0
 
 
 class Analyzer:

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from dyper.agent import procfs
 from dyper.agent.proflet import Collector, DetailContext, ReportContext
 from dyper.agent.protocol import LOC_AGENT, LOC_BLOCKING, LOC_IO
+from dyper.monitor.model.libraries import library_roots
 from dyper.proflets.base import Analyzer, ReportView, Status, YappiCharge, confidence_of, paired_best
 
 if TYPE_CHECKING:
@@ -143,14 +144,6 @@ def routines() -> Routines:
 
 
 # --- naming frames -----------------------------------------------------------------------
-
-_LIBRARY_PATHS = ("stdlib", "platstdlib", "purelib", "platlib")
-
-
-def library_roots(paths: Mapping[str, str]) -> tuple[str, ...]:
-    """The standard library's and installed packages' directories (sysconfig paths), longest first."""
-    roots = {os.path.normpath(p) + os.sep for k, p in paths.items() if k in _LIBRARY_PATHS and p}
-    return tuple(sorted(roots, key=len, reverse=True))
 
 
 def _dotted_path(relative: str) -> str:

@@ -34,7 +34,7 @@ import sys
 
 from dyper.monitor.commands import CliError, add_monitor_argument, add_view_argument
 from dyper.monitor.exports import FORMATS, Exporter, exporter_for, exporter_named
-from dyper.monitor.profile import Profile
+from dyper.monitor.model.profile import Profile
 from dyper.monitor.windows import WindowSpec, parse_seconds
 
 NAME = "export"

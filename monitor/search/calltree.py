@@ -40,8 +40,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 if TYPE_CHECKING:
-    from dyper.monitor.profile import Profile
-    from dyper.monitor.session import Frame
+    from dyper.monitor.model.frames import Frame
+    from dyper.monitor.model.profile import Profile
 
 #: "frame": a name is the whole frame string as written; "function": line numbers
 #: are dropped, so the lines of one function merge into one name.
