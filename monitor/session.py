@@ -293,6 +293,11 @@ class Session:
         return self.key[1]
 
     @property
+    def paths(self) -> dict[str, str]:
+        """The target's sysconfig paths, as its hello gave them (to tell library code from application code)."""
+        return dict(self.hello.get("paths") or {})
+
+    @property
     def connected(self) -> bool:
         return any(a.connected for a in self.agents.values())
 

@@ -24,14 +24,27 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 # The light's type and its confidence curve are the model's; analyzers take them from here.
 from dyper.monitor.model.lights import Status, confidence_of
 
-__all__ = ["KINDS", "ROWS_KEPT", "Analyzer", "ReportView", "Status", "YappiCharge", "confidence_of", "paired_best"]
+if TYPE_CHECKING:
+    from dyper.monitor.model.frames import Frame, FunctionKey, StackKey
+
+__all__ = [
+    "KINDS",
+    "ROWS_KEPT",
+    "Analyzer",
+    "ReportView",
+    "SessionView",
+    "Status",
+    "YappiCharge",
+    "confidence_of",
+    "paired_best",
+]
 
 #: Per-report rows kept for windows: an hour of reports at one a second.
 ROWS_KEPT = 3600
@@ -163,15 +176,159 @@ class YappiCharge:
         return calls + self.loss * (busy - calls)
 
 
+# --- what an analyzer may read of its process's session -------------------------------------------
+
+#: keys of a running sum's summaries (see SessionView.recent)
+K = TypeVar("K", bound=Hashable)
+
+
+class FrameLookup(Protocol):
+    """The monitor's frame table: frame ids index it (append-only)."""
+
+    @property
+    def frames(self) -> Sequence[Frame]: ...
+
+
+class WindowView(Protocol):
+    """One report's counts (monitor.session.Window): stack indexes into ``table``, with wall and cpu samples."""
+
+    @property
+    def table(self) -> Sequence[StackKey]: ...
+
+    def items(self) -> Iterator[tuple[int, int, int]]: ...
+
+
+class SliceView(Protocol):
+    """Counts of some reports (monitor.session.Slice)."""
+
+    @property
+    def counts(self) -> Mapping[StackKey, list[int]]: ...
+
+    @property
+    def samples(self) -> int: ...
+
+    @property
+    def seconds(self) -> float: ...
+
+
+class AgentView(Protocol):
+    """One agent in the process, as an analyzer may see it: its budget and its proflets' state."""
+
+    @property
+    def budget(self) -> float: ...
+
+    @property
+    def proflets(self) -> Mapping[str, Mapping[str, Any]]: ...
+
+
+class SessionView(Protocol):
+    """What an analyzer may read of its process's session: the stacks, the windows, and little else.
+
+    :class:`dyper.monitor.session.Session` is one (mypy checks it where the
+    session makes its analyzers); a test may hand an analyzer anything with
+    the parts it reads. Analyzers never change the session, except to ask it
+    to forget a running sum of theirs (:meth:`forget_recent`).
+    """
+
+    @property
+    def frames(self) -> FrameLookup: ...
+
+    @property
+    def threads(self) -> Mapping[int, str]: ...
+
+    @property
+    def paths(self) -> Mapping[str, str]:
+        """The target's sysconfig paths (which files are library code)."""
+        ...
+
+    @property
+    def samples(self) -> int: ...
+
+    @property
+    def counts(self) -> Mapping[StackKey, list[int]]:
+        """The whole run: stack -> [wall, cpu] samples."""
+        ...
+
+    @property
+    def calls(self) -> Mapping[FunctionKey, list[float]]:
+        """What cpu detailing counted: function -> [calls, seconds counted]."""
+        ...
+
+    @property
+    def agents(self) -> Mapping[str, AgentView]: ...
+
+    @property
+    def analyzers(self) -> Mapping[str, Analyzer]:
+        """The process's other analyzers (one proflet may read another's figures)."""
+        ...
+
+    def duration_s(self) -> float: ...
+
+    def slice(self, start: float | None, end: float | None) -> SliceView: ...
+
+    def window_counts(self, seconds: float | None) -> tuple[Mapping[StackKey, list[int]], int]: ...
+
+    def recent(
+        self, name: str, seconds: float, summarize: Callable[[WindowView], dict[K, int]]
+    ) -> tuple[dict[K, int], int]: ...
+
+    def forget_recent(self, name: str) -> None: ...
+
+    def calls_per_s(self) -> Mapping[FunctionKey, float]: ...
+
+
+class _NoFrames:
+    frames: Sequence[Frame] = ()
+
+
+class NoSession:
+    """The view of an analyzer made without a session (in a test, say): nothing seen yet."""
+
+    frames: FrameLookup = _NoFrames()
+    threads: Mapping[int, str] = {}
+    paths: Mapping[str, str] = {}
+    samples = 0
+    counts: Mapping[StackKey, list[int]] = {}
+    calls: Mapping[FunctionKey, list[float]] = {}
+    agents: Mapping[str, AgentView] = {}
+    analyzers: Mapping[str, Analyzer] = {}
+
+    def duration_s(self) -> float:
+        return 0.0
+
+    def slice(self, start: float | None, end: float | None) -> SliceView:
+        return _EmptySlice()
+
+    def window_counts(self, seconds: float | None) -> tuple[Mapping[StackKey, list[int]], int]:
+        return {}, 0
+
+    def recent(
+        self, name: str, seconds: float, summarize: Callable[[WindowView], dict[K, int]]
+    ) -> tuple[dict[K, int], int]:
+        return {}, 0
+
+    def forget_recent(self, name: str) -> None:
+        pass
+
+    def calls_per_s(self) -> Mapping[FunctionKey, float]:
+        return {}
+
+
+@dataclass(frozen=True)
+class _EmptySlice:
+    counts: Mapping[StackKey, list[int]] = field(default_factory=dict)
+    samples: int = 0
+    seconds: float = 0.0
+
+
 class Analyzer:
     """Base class: the hooks an analyzer may override. Every one has a safe default."""
 
     name: ClassVar[str] = ""
 
-    def __init__(self, session: Any = None) -> None:
-        #: the monitor's session of the process (monitor.session.Session), for
-        #: analyzers that read its stacks
-        self.session = session
+    def __init__(self, session: SessionView | None = None) -> None:
+        #: what the analyzer may read of its process's session (not the session itself: see SessionView)
+        self.session: SessionView = session if session is not None else NoSession()
         #: (report end time, per-report row) for windows
         self.rows: deque[tuple[float, Any]] = deque(maxlen=ROWS_KEPT)
 

@@ -31,15 +31,12 @@ import time
 from collections import deque
 from collections.abc import Mapping
 from types import CodeType
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from dyper.agent.budget import ProfletCosts
 from dyper.agent.proflet import Collector, DetailContext, ReportContext
 from dyper.monitor.model.lights import cpu_light
-from dyper.proflets.base import Analyzer, Status, YappiCharge, paired_best
-
-if TYPE_CHECKING:
-    from dyper.monitor.session import Session, Window
+from dyper.proflets.base import Analyzer, SessionView, Status, WindowView, YappiCharge, paired_best
 
 Key = tuple[str, str, int]
 
@@ -48,7 +45,7 @@ Key = tuple[str, str, int]
 CANDIDATE_PCT = 5.0
 
 
-def priority(session: Session, window_s: float = 10.0) -> float:
+def priority(session: SessionView, window_s: float = 10.0) -> float:
     """PRTY of cpu detailing for a session: how CPU-bound it is and how many candidates there are.
 
     CPU-boundness is running threads per sampling pass (1 or more: at least
@@ -75,7 +72,7 @@ def priority(session: Session, window_s: float = 10.0) -> float:
     return max(0.1, busy * (0.5 + 0.5 * min(1.0, candidates / 4)))
 
 
-def cpu_by_leaf(window: Window) -> dict[int, int]:
+def cpu_by_leaf(window: WindowView) -> dict[int, int]:
     """A window's cpu samples by the frame id of the stack's leaf."""
     table = window.table
     out: dict[int, int] = {}
@@ -787,7 +784,7 @@ class CpuAnalyzer(Analyzer):
     NATIVE_ROWS = 30
     NATIVE_FINDING_PCT = 30.0
 
-    def __init__(self, session: Any = None) -> None:
+    def __init__(self, session: SessionView | None = None) -> None:
         super().__init__(session)
         #: over every native burst: each candidate's own time (s), and
         #: (function, callee) -> [calls, seconds] of the C calls it made

@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any
 
 from dyper.agent.proflet import Collector, ReportContext
 from dyper.monitor.model.libraries import library_predicate
-from dyper.proflets.base import Analyzer, ReportView, Status, confidence_of
+from dyper.proflets.base import Analyzer, ReportView, SessionView, Status, confidence_of
 
 if TYPE_CHECKING:
     from dyper.monitor.model.profile import Profile
@@ -564,7 +564,7 @@ class _LoopTotals:
 class TasksAnalyzer(Analyzer):
     name = "tasks"
 
-    def __init__(self, session: Any = None) -> None:
+    def __init__(self, session: SessionView | None = None) -> None:
         super().__init__(session)
         #: frames (file, function, first line, line) and task groups, interned
         self.frames: list[tuple[str, str, int, int]] = []
@@ -656,10 +656,7 @@ class TasksAnalyzer(Analyzer):
         return stacks, loops, blocks
 
     def _is_library(self) -> Callable[[str], bool]:
-        paths: dict[str, str] = {}
-        if self.session is not None:
-            paths = dict(getattr(self.session, "hello", {}).get("paths") or {})
-        return library_predicate(paths)
+        return library_predicate(self.session.paths)
 
     def _where(self, fid: int) -> dict[str, Any]:
         file, name, _, line = self.frames[fid]
