@@ -25,7 +25,7 @@ from dyper.monitor.exports import exporter_for
 from dyper.monitor.model.profile import FLOOR_PCT, Profile
 from dyper.monitor.profile import build_profile
 from dyper.monitor.server import Monitor
-from dyper.monitor.services import service_of, service_profile
+from dyper.monitor.services import service_of
 from dyper.monitor.session import Session
 from dyper.monitor.views import render_top, render_waiting, service_top_view, top_view
 
@@ -97,7 +97,7 @@ async def profile_target(
             return target, None
         service = service_of(monitor.sessions.values(), session)
         # A pre-fork server: the master and its workers, merged (the master alone is mostly idle).
-        profile = service_profile(service) if len(service.members) > 1 else build_profile(session, proflets=True)
+        profile = build_profile(service) if len(service.members) > 1 else build_profile(session, proflets=True)
         return target, profile
     finally:
         with contextlib.suppress(Exception):

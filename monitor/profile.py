@@ -1,17 +1,20 @@
-"""The profile builder: the one place a session's profile is made.
+"""The profile builder: the one place a session's (or a service's) profile is made.
 
-The control path (``dyper profile``/``top``/``report``), the dashboard and the
-proflets' analyzers all ask :func:`build_profile` (or :func:`profile_job`,
-which splits the work into what reads the live session now and what reads
-history later, off the receive loop). One builder, so two views of the same
-window see the same numbers:
+The control path (``dyper profile``/``top``/``report``/``export``), the live
+views, ``dyper run`` and the dashboard all ask :func:`build_profile` (or
+:func:`profile_job`, which splits the work into what reads the live session
+now and what reads history later, off the receive loop). The analyzers make
+no profile of their own: the cpu tables are made by the report from the
+profile built here, with what the cpu analyzer measured. One builder, so two
+views of the same window see the same numbers:
 
     session (+ history) --window, view, proflets?--> Profile --monitor.report.report_of--> report
 
 A profile's type and its pure analyses live in :mod:`dyper.monitor.model.profile`.
 Views: ``threads`` (the sampled stacks; the default) and ``tasks`` (asyncio
-tasks' await chains, from the tasks proflet); a whole service's merged view is
-:func:`dyper.monitor.services.service_profile`.
+tasks' await chains, from the tasks proflet) of one process; given a
+:class:`~dyper.monitor.services.Service` instead of a session, the service
+view (its processes' stacks added up).
 """
 
 from __future__ import annotations
@@ -19,10 +22,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
+from dyper.agent.budget import slowdown
+from dyper.monitor.model.frames import StackKey
+
 # monitor/exports.py still imports these two from here; they are the model's (dyper.monitor.model.profile).
 from dyper.monitor.model.profile import Metric as Metric
 from dyper.monitor.model.profile import Profile as Profile
-from dyper.monitor.session import Session, Slice
+from dyper.monitor.services import Service
+from dyper.monitor.session import Session, Slice, merge_counts
 from dyper.monitor.windows import WindowSpec
 from dyper.proflets.tasks import TasksAnalyzer
 
@@ -35,7 +42,7 @@ ProfileJob = tuple[Callable[[], Profile], bool]
 
 
 def build_profile(
-    session: Session,
+    session: Session | Service,
     spec: WindowSpec | None = None,
     *,
     view: View = "threads",
@@ -48,7 +55,7 @@ def build_profile(
 
 
 def profile_job(
-    session: Session,
+    session: Session | Service,
     spec: WindowSpec | None = None,
     *,
     view: View = "threads",
@@ -65,11 +72,18 @@ def profile_job(
     a window older than the reports kept in memory is read from ``history``.
 
     ``proflets``: carry every analyzer's status, results and findings over
-    the same window (:func:`dyper.monitor.report.proflet_sections`), as
-    ``dyper report`` and the dashboard show them. ``view="tasks"`` raises
-    ValueError when the process has shown no asyncio task.
+    the same window (:func:`proflet_sections`), as ``dyper report`` and the
+    dashboard show them. ``view="tasks"`` raises ValueError when the process
+    has shown no asyncio task. A :class:`~dyper.monitor.services.Service`
+    gives the service view, from memory: its members' counts over the
+    window added up, without the proflets' sections (they are per process).
     """
     spec = spec if spec is not None else WindowSpec()
+    if isinstance(session, Service):
+        if view != "threads":
+            raise ValueError(f"a service has the thread view only, not {view!r}")
+        merged = _service_profile(session, spec)
+        return (lambda: merged), False
     start, end = spec.resolve(session.first_report_t, session.last_report_t or None)
     sections = proflet_sections(session, start, end) if proflets else {}
     if view == "tasks":
@@ -149,6 +163,59 @@ def proflet_sections(session: Session, start: float | None = None, end: float | 
     return {"status": status, "results": results, "findings": findings, "off": off}
 
 
+def _service_profile(service: Service, window: WindowSpec | None = None) -> Profile:
+    """The service view: the members' counts over ``window`` (None: whole run) added up.
+
+    A window is resolved against each member's own reports and read from
+    memory (the last :data:`monitor.session.WINDOW_RETENTION_S`); older slices
+    of single processes come from history through the per-process views.
+    ``process`` describes the root process and adds ``service`` (the name),
+    ``pids`` and ``processes`` (one row per member: pid, argv, samples,
+    connected, overhead); ``samples`` covers all members.
+    """
+    counts: dict[StackKey, list[int]] = {}
+    samples = 0
+    seconds = 0.0
+    threads: dict[int, str] = {}
+    rows = []
+    for m in service.members:
+        if window is None or window.whole:
+            c, n = m.counts, m.samples
+            seconds = max(seconds, m.duration_s())
+        else:
+            got = m.slice(*window.resolve(m.first_report_t, m.last_report_t or None))
+            c, n = got.counts, got.samples
+            seconds = max(seconds, got.seconds)
+        merge_counts(counts, c)  # new lists in ``counts``: the members' own are never aliased
+        samples += n
+        threads.update(m.threads)
+        rows.append(
+            {
+                "pid": m.pid,
+                "argv": list(m.hello.get("argv", [])),
+                "samples": n,
+                "connected": m.connected,
+                "overhead": m.overhead(),
+            }
+        )
+    root = service.root
+    process = process_info(root)
+    whole = window is None or window.whole
+    process.update(
+        service=service.name,
+        pids=service.pids,
+        processes=rows,
+        samples=samples,
+        duration_s=seconds,
+        window_s=None if whole else seconds,
+        # the members' overheads weighted by how long each ran
+        overhead=_weighted_overhead(service.members),
+    )
+    if not whole and window is not None:
+        process["window"] = {"spec": window.to_json(), "description": window.describe()}
+    return Profile.from_counts(root.frames.frames, counts, threads, process, session_paths(root))
+
+
 def task_profile(session: Session, start: float | None = None, end: float | None = None) -> Profile:
     """The task view of ``session`` for reports ending in (start, end]: asyncio tasks' await chains as stacks.
 
@@ -220,3 +287,9 @@ def _sum_dropped(session: Session) -> dict[str, int]:
         for k, v in a.dropped.items():
             total[k] = total.get(k, 0) + v
     return total
+
+
+def _weighted_overhead(members: list[Session]) -> float:
+    spent = sum(a.spent_s for m in members for a in m.agents.values())
+    elapsed = sum(a.elapsed_s for m in members for a in m.agents.values())
+    return slowdown(spent, elapsed)

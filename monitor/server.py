@@ -736,14 +736,14 @@ class Monitor:
 
     def _service_answer(self, op: str, session: Session, args: dict[str, Any]) -> dict[str, Any]:
         """``profile``/``top`` of the whole service ``session`` belongs to (whole run, or ``window_s``, from memory)."""
-        from dyper.monitor.services import service_of, service_profile
+        from dyper.monitor.services import service_of
         from dyper.monitor.views import service_top_view
 
         window_s = args.get("window_s")
         seconds = float(window_s) if isinstance(window_s, int | float) and window_s > 0 else None
         service = service_of(self.sessions.values(), session)
         if op == "profile":
-            return service_profile(service, WindowSpec.last(seconds) if seconds else None).to_json()
+            return build_profile(service, WindowSpec.last(seconds) if seconds else None).to_json()
         return service_top_view(service, seconds, charge_libraries=bool(args.get("libraries")))
 
 

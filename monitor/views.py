@@ -147,9 +147,7 @@ def service_top_view(
     service: Service, window_s: float | None = None, *, limit: int = 15, charge_libraries: bool = False
 ) -> dict[str, Any]:
     """The live view of a whole service: its members' counts merged, one line per process."""
-    from dyper.monitor.services import service_profile
-
-    profile = service_profile(service, WindowSpec.last(window_s) if window_s else None)
+    profile = build_profile(service, WindowSpec.last(window_s) if window_s else None)
     view = top_view(service.root, window_s, limit=limit, charge_libraries=charge_libraries, profile=profile)
     info = view["session"]
     info.update(

@@ -40,6 +40,7 @@ from aiohttp import web
 
 from dyper.agent import protocol
 from dyper.monitor.model.profile import Profile
+from dyper.monitor.profile import build_profile
 from dyper.monitor.report import report_of
 from dyper.monitor.server import CONTROLS, Monitor
 from dyper.monitor.session import Session
@@ -388,12 +389,12 @@ class Dashboard:
             raise BadRequest("metric is cpu or wall")
         if q.get("service") == "1":
             # the whole service (a pre-fork master and its workers), merged, from memory
-            from dyper.monitor.services import service_of, service_profile
+            from dyper.monitor.services import service_of
 
             service = service_of(self.monitor.sessions.values(), session)
             window = self._window(q.get("window", DEFAULT_WINDOW))
-            profile = service_profile(service, window)
-            base = service_profile(service, self._window(q["base"])) if q.get("base") else None
+            profile = build_profile(service, window)
+            base = build_profile(service, self._window(q["base"])) if q.get("base") else None
         else:
             profile = await self._profile(session, self._window(q.get("window", DEFAULT_WINDOW)))
             base = None
