@@ -91,7 +91,7 @@ def profile_job(
         profile.proflets = sections
         return (lambda: profile), False
     process = process_info(session)
-    paths = session_paths(session)
+    paths = session.paths
     threads = dict(session.threads)
     table = session.frames.frames
     if spec.whole:
@@ -213,7 +213,7 @@ def _service_profile(service: Service, window: WindowSpec | None = None) -> Prof
     )
     if not whole and window is not None:
         process["window"] = {"spec": window.to_json(), "description": window.describe()}
-    return Profile.from_counts(root.frames.frames, counts, threads, process, session_paths(root))
+    return Profile.from_counts(root.frames.frames, counts, threads, process, root.paths)
 
 
 def task_profile(session: Session, start: float | None = None, end: float | None = None) -> Profile:
@@ -239,7 +239,7 @@ def task_profile(session: Session, start: float | None = None, end: float | None
         window={"start": start, "end": end},
     )
     profile.process = process
-    profile.paths = session_paths(session)
+    profile.paths = session.paths
     return profile
 
 
@@ -275,10 +275,6 @@ def process_info(session: Session) -> dict[str, Any]:
         # the newest trigger events (agent.triggers), each with its window and a normal one before it
         "triggers": list(session.triggers)[-MARKS_SHOWN:],
     }
-
-
-def session_paths(session: Session) -> dict[str, str]:
-    return dict(session.hello.get("paths") or {})
 
 
 def _sum_dropped(session: Session) -> dict[str, int]:

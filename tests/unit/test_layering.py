@@ -8,7 +8,9 @@
   under ``TYPE_CHECKING`` included (``from pkg import mod`` is an import of
   ``pkg.mod`` when that is a module);
 - nothing imports the folders by their own names (``agent``, ``monitor``,
-  ``proflets``): installed, only ``dyper`` exists.
+  ``proflets``): installed, only ``dyper`` exists;
+- a proflet's module, which the target loads for its collector, loads no more
+  of the monitor than the model's two leaves (lights, libraries).
 """
 
 from __future__ import annotations
@@ -194,4 +196,39 @@ def test_no_top_level_agent_monitor_or_proflets_imports() -> None:
         for where, name in _raw_imports()
         if name.split(".")[0] in ("agent", "monitor", "proflets")
     ]
+    assert not bad, "\n".join(bad)
+
+
+def _module_level_imports(path: Path) -> list[tuple[str, int]]:
+    """Imports that run when the module is loaded: not inside a function, not under ``if TYPE_CHECKING``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    found: list[tuple[str, int]] = []
+
+    def visit(nodes: list[ast.stmt]) -> None:
+        for node in nodes:
+            if isinstance(node, ast.Import):
+                found.extend((alias.name, node.lineno) for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                found.extend((f"{node.module}.{alias.name}", node.lineno) for alias in node.names)
+            elif isinstance(node, ast.If) and not (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"):
+                visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                visit(node.body)
+
+    visit(tree.body)
+    return found
+
+
+def test_a_proflet_module_loads_no_more_of_the_monitor_than_the_model_s_leaves() -> None:
+    # The target loads a proflet's module for its collector: the monitor's analyses must not come with it.
+    allowed = ("dyper.monitor.model.lights", "dyper.monitor.model.libraries")
+    bad = []
+    for module, path in MODULES.items():
+        if not module.startswith("dyper.proflets"):
+            continue
+        for name, line in _module_level_imports(path):
+            target = _resolve(name)
+            if target is not None and target.startswith("dyper.monitor") and target not in allowed:
+                bad.append(f"{path.relative_to(ROOT)}:{line}: {module} loads {target}")
     assert not bad, "\n".join(bad)
