@@ -40,7 +40,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 from dyper.monitor.client import MonitorClient, wait_for_monitor  # noqa: E402
-from dyper.monitor.profile import Profile  # noqa: E402
+from dyper.monitor.model.profile import Profile  # noqa: E402
 
 TRIGGERS = ("cpu > 50% for 2s, before 5s, after 5s", "blocked > 3s, before 5s, after 5s",
             "rss + 40MB/s for 1s, before 5s, after 5s")  # fmt: skip

@@ -56,9 +56,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from dyper.monitor.profile import Metric, Profile, StackCount
-from dyper.monitor.session import Frame
-from dyper.proflets.cpu import function_table, line_table
+from dyper.monitor.model.frames import Frame
+from dyper.monitor.model.profile import Metric, Profile, StackCount, function_table, line_table
 
 #: (qualified name, file, line); line is None for function keys.
 Key = tuple[str, str, int | None]

@@ -22,9 +22,10 @@ from rich.console import Console
 
 from dyper.agent import protocol
 from dyper.monitor.exports import exporter_for
-from dyper.monitor.profile import Profile
+from dyper.monitor.model.profile import FLOOR_PCT, Profile
+from dyper.monitor.profile import build_profile
 from dyper.monitor.server import Monitor
-from dyper.monitor.services import service_of, service_profile
+from dyper.monitor.services import service_of
 from dyper.monitor.session import Session
 from dyper.monitor.views import render_top, render_waiting, service_top_view, top_view
 
@@ -96,7 +97,7 @@ async def profile_target(
             return target, None
         service = service_of(monitor.sessions.values(), session)
         # A pre-fork server: the master and its workers, merged (the master alone is mostly idle).
-        profile = service_profile(service) if len(service.members) > 1 else Profile.from_session(session)
+        profile = build_profile(service) if len(service.members) > 1 else build_profile(session, proflets=True)
         return target, profile
     finally:
         with contextlib.suppress(Exception):
@@ -205,9 +206,7 @@ def finish_output(profile: Profile | None, options: Options, console: Console, p
 
 
 def summary_view(profile: Profile, options: Options) -> dict[str, Any]:
-    from dyper.monitor.profile import DEFAULT_FLOOR_PCT
-
-    rows = profile.functions(options.metric, charge_libraries=options.libraries, floor_pct=DEFAULT_FLOOR_PCT)
+    rows = profile.functions(options.metric, charge_libraries=options.libraries, floor_pct=FLOOR_PCT)
     p = profile.process
     duration = float(p.get("duration_s") or 0.0)
     view: dict[str, Any] = {

@@ -18,13 +18,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from dyper.monitor.flame import flame_tree
-from dyper.monitor.profile import Metric, Profile
-from dyper.monitor.session import Frame
-
-
-def frame_label(frame: Frame) -> str:
-    """``qualname (file:line)``; ';' is the collapsed format's separator, so it is replaced."""
-    return f"{frame.name} ({frame.file}:{frame.line})".replace(";", ":")
+from dyper.monitor.model.frames import Frame, frame_label
+from dyper.monitor.model.profile import Metric, Profile
 
 
 def _version() -> str:

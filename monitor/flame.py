@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dyper.monitor.profile import Metric, Profile
+from dyper.monitor.model.profile import Metric, Profile
 
 #: How a thread is named in the tree, from its id and name; threads with the same label are one node.
 ThreadLabel = Callable[[int, str], str]

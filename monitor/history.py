@@ -62,7 +62,8 @@ from typing import IO, Any
 
 import msgpack
 
-from dyper.monitor.session import Frame, FrameTable, Session, SessionKey, Slice, StackKey, Window
+from dyper.monitor.model.frames import Frame, StackKey
+from dyper.monitor.session import FrameTable, Session, SessionKey, Slice, Window
 
 DEFAULT_MAX_AGE_S = 7 * 86400.0
 DEFAULT_MAX_BYTES = 1 << 30  # 1 GiB

@@ -1,266 +1,245 @@
-"""Profiles: a frozen snapshot of counts, and the pure analyses over it.
+"""The profile builder: the one place a session's (or a service's) profile is made.
 
-A :class:`Profile` is what every view, export and saved file works from: the
-frames it uses, flat ``(thread, stack) -> (wall, cpu)`` counts with stacks
-root first, the thread names and what is known about the process. It comes
-from a live session (:meth:`Profile.from_session`) or from dyper's own JSON
-(:meth:`Profile.load`), and the analyses below are pure functions of it.
+The control path (``dyper profile``/``top``/``report``/``export``), the live
+views, ``dyper run`` and the dashboard all ask :func:`build_profile` (or
+:func:`profile_job`, which splits the work into what reads the live session
+now and what reads history later, off the receive loop). The analyzers make
+no profile of their own: the cpu tables are made by the report from the
+profile built here, with what the cpu analyzer measured. One builder, so two
+views of the same window see the same numbers:
 
-Two metrics: ``wall`` counts every sample of every thread; ``cpu`` leaves out
-samples whose leaf is a blocking call (sleep, lock wait, select, socket
-read...), so a sleeping main thread does not hide where the work is.
+    session (+ history) --window, view, proflets?--> Profile --monitor.report.report_of--> report
+
+A profile's type and its pure analyses live in :mod:`dyper.monitor.model.profile`.
+Views: ``threads`` (the sampled stacks; the default) and ``tasks`` (asyncio
+tasks' await chains, from the tasks proflet) of one process; given a
+:class:`~dyper.monitor.services.Service` instead of a session, the service
+view (its processes' stacks added up).
 """
 
 from __future__ import annotations
 
-import json
-import os
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
 
-from dyper.agent.protocol import TAG_FILE, TAG_PREFIX
-from dyper.monitor.session import Frame, Session, StackKey
-from dyper.proflets import cpu as cpu_proflet
-from dyper.proflets.cpu import FLOOR_PCT
+from dyper.agent.budget import slowdown
+from dyper.monitor.model.frames import StackKey
+from dyper.monitor.model.profile import Profile
+from dyper.monitor.services import Service
+from dyper.monitor.session import Session, Slice, merge_counts
+from dyper.monitor.windows import WindowSpec
+from dyper.proflets.tasks import TasksAnalyzer
 
-FORMAT = "dyper-profile"
-FORMAT_VERSION = 1
+if TYPE_CHECKING:
+    from dyper.monitor.history import History
 
-DEFAULT_FLOOR_PCT = FLOOR_PCT  # the cpu proflet's floor, used by the views
-
-Metric = str  # "cpu" or "wall"
-
-
-@dataclass(frozen=True)
-class StackCount:
-    thread: int
-    frames: tuple[int, ...]  # indexes into Profile.frames, root first
-    wall: int
-    cpu: int
+View = Literal["threads", "tasks"]
+#: the work that builds a profile, and whether it reads history (then run it off the receive loop)
+ProfileJob = tuple[Callable[[], Profile], bool]
 
 
-@dataclass
-class Profile:
-    frames: list[Frame]
-    stacks: list[StackCount]
-    threads: dict[int, str] = field(default_factory=dict)
-    process: dict[str, Any] = field(default_factory=dict)
-    #: the target's sysconfig paths, to tell library code from application code
-    paths: dict[str, str] = field(default_factory=dict)
-    #: what the proflets' analyzers said for the same span: status, results,
-    #: findings, off (see monitor.report); empty for profiles without them
-    proflets: dict[str, Any] = field(default_factory=dict)
+def build_profile(
+    session: Session | Service,
+    spec: WindowSpec | None = None,
+    *,
+    view: View = "threads",
+    proflets: bool = False,
+    history: History | None = None,
+) -> Profile:
+    """The profile of ``session`` over ``spec`` (None: the whole run); blocking (see :func:`profile_job`)."""
+    build, _ = profile_job(session, spec, view=view, proflets=proflets, history=history)
+    return build()
 
-    # --- construction ---------------------------------------------------------------
 
-    @classmethod
-    def from_session(cls, session: Session, window_s: float | None = None, *, proflets: bool = True) -> Profile:
-        """The session's counts (whole run, or its last ``window_s`` seconds), with the proflets' sections."""
-        counts, samples = session.window_counts(window_s)
-        process = process_info(session)
-        process.update(
-            duration_s=session.duration_s() if window_s is None else window_s, samples=samples, window_s=window_s
+def profile_job(
+    session: Session | Service,
+    spec: WindowSpec | None = None,
+    *,
+    view: View = "threads",
+    proflets: bool = False,
+    history: History | None = None,
+) -> ProfileJob:
+    """The profile of ``session`` over ``spec``, as work to run, and whether that work reads history.
+
+    What reads the session (its windows, its analyzers) runs now, on the
+    caller's thread (the monitor's receive loop: sessions are not locked);
+    the returned callable only reads ``history`` and the append-only frame
+    table, so it may run on another thread. The whole run comes from the
+    session's running totals, which already hold what history restored;
+    a window older than the reports kept in memory is read from ``history``.
+
+    ``proflets``: carry every analyzer's status, results and findings over
+    the same window (:func:`proflet_sections`), as ``dyper report`` and the
+    dashboard show them. ``view="tasks"`` raises ValueError when the process
+    has shown no asyncio task. A :class:`~dyper.monitor.services.Service`
+    gives the service view, from memory: its members' counts over the
+    window added up, without the proflets' sections (they are per process).
+    """
+    spec = spec if spec is not None else WindowSpec()
+    if isinstance(session, Service):
+        if view != "threads":
+            raise ValueError(f"a service has the thread view only, not {view!r}")
+        merged = _service_profile(session, spec)
+        return (lambda: merged), False
+    start, end = spec.resolve(session.first_report_t, session.last_report_t or None)
+    sections = proflet_sections(session, start, end) if proflets else {}
+    if view == "tasks":
+        profile = task_profile(session, start, end)
+        profile.proflets = sections
+        return (lambda: profile), False
+    process = process_info(session)
+    paths = session.paths
+    threads = dict(session.threads)
+    table = session.frames.frames
+    if spec.whole:
+        # Not slow: runs at once, on this thread, so the live totals need no copy.
+        counts = session.counts
+        process.update(duration_s=session.duration_s(), samples=session.samples, window_s=None)
+
+        def whole() -> Profile:
+            return Profile.from_counts(table, counts, threads, process, paths, sections)
+
+        return whole, False
+    memory = session.slice(start, end)
+    oldest = session.oldest_in_memory
+    older = (
+        history is not None and oldest > 1 and (start is None or not session.windows or start < session.windows[0].t)
+    )
+    key = session.key
+
+    def build() -> Profile:
+        got = Slice()
+        if older and history is not None:
+            got = history.slice(key, start, end, before_n=oldest)
+        got.merge(memory)
+        info = dict(process)
+        info.update(
+            duration_s=got.seconds,
+            samples=got.samples,
+            window_s=got.seconds,
+            window={
+                "spec": spec.to_json(),
+                "description": spec.describe(),
+                "start": start,
+                "end": end,
+                "reports": got.reports,
+                "first_report_t": got.first_t,
+                "last_report_t": got.last_t,
+            },
         )
-        profile = cls.from_counts(session.frames.frames, counts, dict(session.threads), process, session_paths(session))
-        if not proflets:
-            return profile
-        from dyper.monitor.report import proflet_sections
+        return Profile.from_counts(table, got.counts, threads, info, paths, sections)
 
-        start = None if window_s is None or not session.windows else session.windows[-1].t - window_s
-        profile.proflets = proflet_sections(session, start, None)
-        return profile
+    return build, older
 
-    @classmethod
-    def from_counts(
-        cls,
-        frame_table: list[Frame],
-        counts: dict[StackKey, list[int]],
-        threads: dict[int, str],
-        process: dict[str, Any],
-        paths: dict[str, str],
-    ) -> Profile:
-        """A profile of ``counts`` (stacks of ids into ``frame_table``), carrying only the frames it uses.
 
-        Reads ``frame_table`` by index only, so it may run on another thread
-        than the one that appends to it.
-        """
-        index: dict[int, int] = {}
-        frames: list[Frame] = []
-        stacks: list[StackCount] = []
-        for (tid, stack), (wall, cpu) in counts.items():
-            local = []
-            for fid in stack:
-                i = index.get(fid)
-                if i is None:
-                    i = index[fid] = len(frames)
-                    frames.append(frame_table[fid])
-                local.append(i)
-            stacks.append(StackCount(tid, tuple(local), wall, cpu))
-        return cls(frames, stacks, threads, process, paths)
+def proflet_sections(session: Session, start: float | None = None, end: float | None = None) -> dict[str, Any]:
+    """Status, findings and results of every analyzer of ``session``, for reports ending in (start, end].
 
-    @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> Profile:
-        """Read dyper's own JSON profile (see :meth:`to_json`)."""
+    Where a proflet is not there, ``off`` says why: its collector was
+    switched off in the target, or its analyzer failed to load, to start or
+    to answer (one broken analyzer must not take the report with it).
+    """
+    status: dict[str, Any] = {}
+    results: dict[str, Any] = {}
+    findings: list[str] = []
+    errors: dict[str, str] = {}
+    for name, analyzer in session.analyzers.items():
         try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"cannot read profile {path}: {exc}") from None
-        return cls.from_json(data, str(path))
+            results[name] = analyzer.results(start, end)
+            status[name] = analyzer.status().to_json()
+            findings.extend(analyzer.findings())
+        except Exception as exc:
+            errors[name] = f"analyzer failed: {type(exc).__name__}: {exc}"
+    off: dict[str, str] = {}
+    for agent in session.agents.values():
+        for name, state in agent.proflets.items():
+            if isinstance(state, dict) and "off" in state:
+                off[name] = str(state["off"])
+    off.update(session.analyzers_off)
+    off.update(errors)
+    return {"status": status, "results": results, "findings": findings, "off": off}
 
-    @classmethod
-    def from_json(cls, data: Any, origin: str = "profile") -> Profile:
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise ValueError(f'{origin} is not a dyper profile (no "format": "{FORMAT}")')
-        if data.get("version") != FORMAT_VERSION:
-            raise ValueError(f"{origin}: profile format version {data.get('version')} is not supported")
-        try:
-            frames = [Frame(str(f[0]), str(f[1]), int(f[2]), int(f[3])) for f in data["frames"]]
-            stacks = [StackCount(int(s[0]), tuple(int(i) for i in s[3]), int(s[1]), int(s[2])) for s in data["stacks"]]
-            threads = {int(k): str(v) for k, v in data.get("threads", {}).items()}
-        except (KeyError, TypeError, ValueError, IndexError) as exc:
-            raise ValueError(f"{origin}: malformed dyper profile ({type(exc).__name__}: {exc})") from None
-        if any(i >= len(frames) or i < 0 for s in stacks for i in s.frames):
-            raise ValueError(f"{origin}: malformed dyper profile (frame index out of range)")
-        proflets = data.get("proflets")
-        return cls(
-            frames,
-            stacks,
-            threads,
-            dict(data.get("process", {})),
-            dict(data.get("paths", {})),
-            dict(proflets) if isinstance(proflets, dict) else {},
+
+def _service_profile(service: Service, window: WindowSpec | None = None) -> Profile:
+    """The service view: the members' counts over ``window`` (None: whole run) added up.
+
+    A window is resolved against each member's own reports and read from
+    memory (the last :data:`monitor.session.WINDOW_RETENTION_S`); older slices
+    of single processes come from history through the per-process views.
+    ``process`` describes the root process and adds ``service`` (the name),
+    ``pids`` and ``processes`` (one row per member: pid, argv, samples,
+    connected, overhead); ``samples`` covers all members.
+    """
+    counts: dict[StackKey, list[int]] = {}
+    samples = 0
+    seconds = 0.0
+    threads: dict[int, str] = {}
+    rows = []
+    for m in service.members:
+        if window is None or window.whole:
+            c, n = m.counts, m.samples
+            seconds = max(seconds, m.duration_s())
+        else:
+            got = m.slice(*window.resolve(m.first_report_t, m.last_report_t or None))
+            c, n = got.counts, got.samples
+            seconds = max(seconds, got.seconds)
+        merge_counts(counts, c)  # new lists in ``counts``: the members' own are never aliased
+        samples += n
+        threads.update(m.threads)
+        rows.append(
+            {
+                "pid": m.pid,
+                "argv": list(m.hello.get("argv", [])),
+                "samples": n,
+                "connected": m.connected,
+                "overhead": m.overhead(),
+            }
         )
+    root = service.root
+    process = process_info(root)
+    whole = window is None or window.whole
+    process.update(
+        service=service.name,
+        pids=service.pids,
+        processes=rows,
+        samples=samples,
+        duration_s=seconds,
+        window_s=None if whole else seconds,
+        # the members' overheads weighted by how long each ran
+        overhead=_weighted_overhead(service.members),
+    )
+    if not whole and window is not None:
+        process["window"] = {"spec": window.to_json(), "description": window.describe()}
+    return Profile.from_counts(root.frames.frames, counts, threads, process, root.paths)
 
-    def to_json(self) -> dict[str, Any]:
-        """dyper's own profile format, version 1.
 
-        ``frames``: ``[file, qualname, first line, line]``; ``stacks``:
-        ``[thread ident, wall samples, cpu samples, [frame indexes, root first]]``;
-        ``threads``: ident (as a string) -> name; ``process``: pid, host,
-        argv, python, budget, overhead, duration_s, samples; ``paths``: the
-        target's sysconfig paths; ``proflets`` (optional): the proflets'
-        status, results, findings and why any were off, as ``dyper report`` shows them.
-        """
-        return {
-            "format": FORMAT,
-            "version": FORMAT_VERSION,
-            "process": self.process,
-            "paths": self.paths,
-            "threads": {str(k): v for k, v in self.threads.items()},
-            "frames": [[f.file, f.name, f.firstline, f.line] for f in self.frames],
-            "stacks": [[s.thread, s.wall, s.cpu, list(s.frames)] for s in self.stacks],
-            **({"proflets": self.proflets} if self.proflets else {}),
-        }
+def task_profile(session: Session, start: float | None = None, end: float | None = None) -> Profile:
+    """The task view of ``session`` for reports ending in (start, end]: asyncio tasks' await chains as stacks.
 
-    # --- tags (agent.tag) ------------------------------------------------------------
-
-    def tags(self, metric: Metric = "cpu") -> dict[str, int]:
-        """Samples inside each tag (a stack under two tags counts for both), by tag name."""
-        names = {i: f.name[len(TAG_PREFIX) :] for i, f in enumerate(self.frames) if f.file == TAG_FILE}
-        out: dict[str, int] = {}
-        for s in self.stacks:
-            for name in {names[i] for i in s.frames if i in names}:
-                out[name] = out.get(name, 0) + _value(s, metric)
-        return out
-
-    def with_tag(self, name: str) -> Profile:
-        """The samples taken inside tag ``name`` only; ``process`` says which tag (``tag``).
-
-        Raises ValueError, naming the tags there are, when no sample is inside it.
-        """
-        tags = self.tags("wall")
-        if name not in tags:
-            known = ", ".join(sorted(tags)) or "none (decorate functions with @dyper.tag(NAME))"
-            raise ValueError(f"no samples inside tag {name!r}; the tags seen: {known}")
-        label = TAG_PREFIX + name
-        inside = {i for i, f in enumerate(self.frames) if f.file == TAG_FILE and f.name == label}
-        stacks = [s for s in self.stacks if not inside.isdisjoint(s.frames)]
-        process = dict(self.process, tag=name, tag_samples=sum(s.wall for s in stacks))
-        # The proflets' sections are the whole process's: they do not split by tag.
-        return Profile(self.frames, stacks, dict(self.threads), process, dict(self.paths))
-
-    # --- analyses --------------------------------------------------------------------
-
-    def total(self, metric: Metric = "cpu") -> int:
-        return sum(_value(s, metric) for s in self.stacks)
-
-    def library_predicate(self) -> Callable[[str], bool]:
-        """True for files of the standard library or installed packages of the target."""
-        roots = sorted(
-            {os.path.normpath(p) + os.sep for k, p in self.paths.items() if k in _LIBRARY_PATHS and p},
-            key=len,
-            reverse=True,
+    Its "threads" are task names (numbered ones without their number), its
+    counts milliseconds of task wall time (``cpu``: of running), so every
+    export and the bottleneck search read it as they read the thread view.
+    Raises ValueError when the process has shown no asyncio task.
+    """
+    analyzer = session.analyzers.get("tasks")
+    if not isinstance(analyzer, TasksAnalyzer) or not analyzer.frames:
+        raise ValueError(
+            f"process {session.pid} has no task view: no asyncio tasks seen "
+            "(the tasks proflet runs by default; was it left out of --proflets?)"
         )
-
-        def is_library(file: str) -> bool:
-            return file.startswith("<frozen") or any(file.startswith(r) for r in roots)
-
-        return is_library
-
-    def charged_stacks(self, charge_libraries: bool) -> Iterable[tuple[StackCount, tuple[int, ...]]]:
-        """Stacks, with library frames below the last application frame cut off when asked.
-
-        Cutting them charges the time spent inside the standard library or a
-        package to the application line that called it (DYPER's cpu proflet).
-        """
-        if not charge_libraries:
-            for s in self.stacks:
-                yield s, s.frames
-            return
-        is_library = self.library_predicate()
-        app = [not is_library(f.file) for f in self.frames]
-        for s in self.stacks:
-            frames = s.frames
-            cut = len(frames)
-            while cut > 0 and not app[frames[cut - 1]]:
-                cut -= 1
-            yield s, (frames[:cut] if cut > 0 else frames)
-
-    def functions(
-        self, metric: Metric = "cpu", *, charge_libraries: bool = False, floor_pct: float = 0.0
-    ) -> list[dict[str, Any]]:
-        """Per function: self and total samples and percentages (the cpu proflet's table)."""
-        return cpu_proflet.function_table(self, metric, charge_libraries=charge_libraries, floor_pct=floor_pct)
-
-    def lines(
-        self, metric: Metric = "cpu", *, charge_libraries: bool = False, floor_pct: float = 0.0
-    ) -> list[dict[str, Any]]:
-        """Per line: self and total samples and percentages (the cpu proflet's table)."""
-        return cpu_proflet.line_table(self, metric, charge_libraries=charge_libraries, floor_pct=floor_pct)
-
-    def tree(self, metric: Metric = "cpu", *, charge_libraries: bool = False) -> Node:
-        """The call tree (all threads merged under one root)."""
-        root = Node("<all>", None)
-        for s, frames in self.charged_stacks(charge_libraries):
-            n = _value(s, metric)
-            if n == 0:
-                continue
-            node = root
-            node.total += n
-            for i in frames:
-                child = node.children.get(i)
-                if child is None:
-                    child = node.children[i] = Node(self.frames[i].label(), i)
-                child.total += n
-                node = child
-            node.self += n
-        return root
+    profile = analyzer.profile(start, end)
+    process = process_info(session)
+    process.update(
+        view="tasks",
+        unit="ms",
+        duration_s=session.duration_s() if start is None and end is None else None,
+        window={"start": start, "end": end},
+    )
+    profile.process = process
+    profile.paths = session.paths
+    return profile
 
 
-@dataclass
-class Node:
-    """A call-tree node: ``total`` includes descendants, ``self`` does not."""
-
-    label: str
-    frame: int | None
-    self: int = 0
-    total: int = 0
-    children: dict[int, Node] = field(default_factory=dict)
-
-
-_LIBRARY_PATHS = ("stdlib", "platstdlib", "purelib", "platlib")
 #: Marks a profile carries (the newest).
 MARKS_SHOWN = 200
 
@@ -295,46 +274,15 @@ def process_info(session: Session) -> dict[str, Any]:
     }
 
 
-def task_profile(session: Session, start: float | None = None, end: float | None = None) -> Profile:
-    """The task view of ``session`` for reports ending in (start, end]: asyncio tasks' await chains as stacks.
-
-    Its "threads" are task names (numbered ones without their number), its
-    counts milliseconds of task wall time (``cpu``: of running), so every
-    export and the bottleneck search read it as they read the thread view.
-    Raises ValueError when the process has shown no asyncio task.
-    """
-    from dyper.proflets.tasks import TasksAnalyzer
-
-    analyzer = session.analyzers.get("tasks")
-    if not isinstance(analyzer, TasksAnalyzer) or not analyzer.frames:
-        raise ValueError(
-            f"process {session.pid} has no task view: no asyncio tasks seen "
-            "(the tasks proflet runs by default; was it left out of --proflets?)"
-        )
-    profile: Profile = analyzer.profile(start, end)
-    process = process_info(session)
-    process.update(
-        view="tasks",
-        unit="ms",
-        duration_s=session.duration_s() if start is None and end is None else None,
-        window={"start": start, "end": end},
-    )
-    profile.process = process
-    profile.paths = session_paths(session)
-    return profile
-
-
-def session_paths(session: Session) -> dict[str, str]:
-    return dict(session.hello.get("paths") or {})
-
-
-def _value(s: StackCount, metric: Metric) -> int:
-    return s.cpu if metric == "cpu" else s.wall
-
-
 def _sum_dropped(session: Session) -> dict[str, int]:
     total: dict[str, int] = {}
     for a in session.agents.values():
         for k, v in a.dropped.items():
             total[k] = total.get(k, 0) + v
     return total
+
+
+def _weighted_overhead(members: list[Session]) -> float:
+    spent = sum(a.spent_s for m in members for a in m.agents.values())
+    elapsed = sum(a.elapsed_s for m in members for a in m.agents.values())
+    return slowdown(spent, elapsed)

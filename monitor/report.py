@@ -13,53 +13,24 @@ The report (its JSON form is documented in the README, "dyper report"):
 Percentages are 0-100 (``budget`` and ``overhead`` too); shares of
 confidence and problem are 0-1, as DYPER's lights.
 
-From a live session the analyzers answer; a saved profile carries what they
-answered when it was written (:attr:`monitor.profile.Profile.proflets`),
-and the cpu section is recomputed from its stacks where it has none.
+A report is a pure function of a profile (:func:`report_of`): the one
+profile builder (:func:`dyper.monitor.profile.build_profile`, with
+``proflets=True``) puts what the analyzers answered for the window into the
+profile, and ``dyper report --json``, the dashboard's summary and a saved
+profile all read the same report from it: one number, one name.
+
+The cpu section is always made here, from the profile's stacks
+(:func:`dyper.monitor.model.profile.cpu_functions`), with the call rates cpu
+detailing measured where the cpu analyzer gave them; the cpu light, where no
+analyzer gave one (a saved or a tag's profile), is the same busy share the
+analyzer's is (:func:`dyper.monitor.model.lights.cpu_light`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from dyper.proflets.cpu import FLOOR_PCT, function_table, line_table
-
-if TYPE_CHECKING:
-    from dyper.monitor.profile import Profile
-    from dyper.monitor.session import Session
-
-
-def proflet_sections(session: Session, start: float | None = None, end: float | None = None) -> dict[str, Any]:
-    """Status, findings and results of every analyzer of ``session``, for reports ending in (start, end]."""
-    status: dict[str, Any] = {}
-    results: dict[str, Any] = {}
-    findings: list[str] = []
-    errors: dict[str, str] = {}
-    for name, analyzer in session.analyzers.items():
-        try:
-            results[name] = analyzer.results(start, end)
-            status[name] = analyzer.status().to_json()
-            findings.extend(analyzer.findings())
-        except Exception as exc:  # one broken analyzer must not take the report with it
-            errors[name] = f"analyzer failed: {type(exc).__name__}: {exc}"
-    off: dict[str, str] = {}
-    for agent in session.agents.values():
-        for name, state in agent.proflets.items():
-            if isinstance(state, dict) and "off" in state:
-                off[name] = str(state["off"])
-    from dyper.monitor.session import ANALYZERS_OFF
-
-    off.update(ANALYZERS_OFF)
-    off.update(errors)
-    return {"status": status, "results": results, "findings": findings, "off": off}
-
-
-def build_report(session: Session, window_s: float | None = None) -> dict[str, Any]:
-    """The report of a live (or remembered) session: the whole run, or its last ``window_s`` seconds."""
-    from dyper.monitor.profile import Profile
-
-    profile = Profile.from_session(session, window_s)
-    return report_of(profile)
+from dyper.monitor.model.profile import FLOOR_PCT, Profile, cpu_functions, cpu_status, line_table
 
 
 def report_of(profile: Profile) -> dict[str, Any]:
@@ -86,17 +57,41 @@ def report_of(profile: Profile) -> dict[str, Any]:
         process.update(tag=p["tag"], tag_samples=p.get("tag_samples"))
     sections = profile.proflets or {}
     results = dict(sections.get("results") or {})
-    if "cpu" not in results:
-        results["cpu"] = {
-            "functions": [
-                dict(row, calls=None, calls_per_s=None) for row in function_table(profile, floor_pct=FLOOR_PCT)
-            ],
-            "lines": line_table(profile, floor_pct=FLOOR_PCT),
-        }
+    results["cpu"] = cpu_section(profile, results.get("cpu"))
+    status = dict(sections.get("status") or {})
+    if "cpu" not in status and p.get("view") != "tasks":
+        status["cpu"] = cpu_status(profile).to_json()
     return {
         "process": process,
-        "status": dict(sections.get("status") or {}),
+        "status": status,
         "findings": list(sections.get("findings") or []),
         "proflets": results,
         "off": dict(sections.get("off") or {}),
+    }
+
+
+def cpu_section(profile: Profile, analyzer: Any = None) -> dict[str, Any]:
+    """The cpu proflet's section: its tables from the profile's stacks, with what the cpu analyzer measured.
+
+    ``analyzer``: the cpu analyzer's results (``call_rates``, ``native``), or
+    None. A profile saved before the tables were made here carries them
+    (``functions``): those are kept as they were written.
+    """
+    if isinstance(analyzer, dict) and "functions" in analyzer and "call_rates" not in analyzer:
+        return dict(analyzer)
+    rates: dict[tuple[str, str, int], tuple[float, float | None]] = {}
+    native: list[Any] = []
+    if isinstance(analyzer, dict):
+        native = list(analyzer.get("native") or [])
+        for row in analyzer.get("call_rates") or ():
+            try:
+                key = (str(row["file"]), str(row["name"]), int(row["line"]))
+                counted = row.get("counted_s")
+                rates[key] = (float(row["calls_per_s"]), float(counted) if counted is not None else None)
+            except (KeyError, TypeError, ValueError):
+                continue  # a malformed row (a damaged saved profile) adds nothing
+    return {
+        "functions": cpu_functions(profile, rates),
+        "lines": line_table(profile, floor_pct=FLOOR_PCT),
+        "native": native,
     }

@@ -34,14 +34,15 @@ import zmq
 import zmq.asyncio
 
 from dyper.agent import protocol
-from dyper.monitor.profile import Profile, process_info, session_paths
+from dyper.monitor.model.profile import Profile
+from dyper.monitor.profile import ProfileJob, View, build_profile, profile_job
+from dyper.monitor.report import report_of
 from dyper.monitor.scheduler import AgentSchedule
 from dyper.monitor.session import (
     AgentState,
     FrameTable,
     Session,
     SessionKey,
-    Slice,
     UnknownLocation,
     same_process,
     stacks_as_bytes,
@@ -530,59 +531,16 @@ class Monitor:
 
     # --- time windows -------------------------------------------------------------------
 
-    def window_job(self, session: Session, spec: WindowSpec) -> tuple[Callable[[], Profile], bool]:
-        """The profile of ``session`` over ``spec``, as work to run, and whether that work reads history.
+    def window_job(
+        self, session: Session, spec: WindowSpec, *, view: View = "threads", proflets: bool = False
+    ) -> ProfileJob:
+        """The profile of ``session`` over ``spec`` from the one builder (:func:`dyper.monitor.profile.profile_job`).
 
         What reads the session runs now, on the caller's (the receive loop's)
-        thread; the returned callable only reads history and the frame table,
-        so it may run on another thread. Whole runs come from the session's
-        running totals, which already hold what history restored.
+        thread; the returned callable reads only this monitor's history and the
+        frame table, so it may run on another thread when it is slow.
         """
-        process = process_info(session)
-        paths = session_paths(session)
-        threads = dict(session.threads)
-        table = session.frames.frames
-        if spec.whole:
-            # Not slow: runs at once, on this thread, so the live totals need no copy.
-            counts = session.counts
-            process.update(duration_s=session.duration_s(), samples=session.samples, window_s=None)
-            return (lambda: Profile.from_counts(table, counts, threads, process, paths)), False
-        first_t = session.first_report_t
-        last_t = session.last_report_t or None
-        start, end = spec.resolve(first_t, last_t)
-        memory = session.slice(start, end)
-        oldest = session.oldest_in_memory
-        older = (
-            self.history is not None
-            and oldest > 1
-            and (start is None or not session.windows or start < session.windows[0].t)
-        )
-        history = self.history
-        key = session.key
-
-        def build() -> Profile:
-            got = Slice()
-            if older and history is not None:
-                got = history.slice(key, start, end, before_n=oldest)
-            got.merge(memory)
-            info = dict(process)
-            info.update(
-                duration_s=got.seconds,
-                samples=got.samples,
-                window_s=got.seconds,
-                window={
-                    "spec": spec.to_json(),
-                    "description": spec.describe(),
-                    "start": start,
-                    "end": end,
-                    "reports": got.reports,
-                    "first_report_t": got.first_t,
-                    "last_report_t": got.last_t,
-                },
-            )
-            return Profile.from_counts(table, got.counts, threads, info, paths)
-
-        return build, older
+        return profile_job(session, spec, view=view, proflets=proflets, history=self.history)
 
     def window_profile(self, session: Session, spec: WindowSpec) -> Profile:
         """The profile of ``session`` over ``spec``, from memory and, for older reports, history (blocking)."""
@@ -710,12 +668,15 @@ class Monitor:
             if op == "triggers":
                 return reply(list(session.triggers))
             if op == "report":
-                from dyper.monitor.report import build_report
-
                 window_s = args.get("window_s")
                 if window_s is not None and (not isinstance(window_s, int | float) or window_s <= 0):
                     return reply(error="report: window_s must be a positive number of seconds")
-                return reply(build_report(session, float(window_s) if window_s is not None else None))
+                try:
+                    spec = _window_arg(args)
+                except ValueError as exc:
+                    return reply(error=f"report: {exc}")
+                build, slow = self.window_job(session, spec, proflets=True)
+                return self._answer(ident, rid, build, report_of, slow)
             if args.get("service") and op in ("profile", "top"):
                 return reply(self._service_answer(op, session, args))
             try:
@@ -723,11 +684,8 @@ class Monitor:
             except ValueError as exc:
                 return reply(error=f"{op}: {exc}")
             if args.get("view") == "tasks" and op in ("profile", "top"):
-                from dyper.monitor.profile import task_profile
-
-                start, end = spec.resolve(session.first_report_t, session.last_report_t or None)
                 try:
-                    tasks = task_profile(session, start, end)
+                    tasks = build_profile(session, spec, view="tasks")
                 except ValueError as exc:
                     return reply(error=str(exc))
                 if op == "profile":
@@ -778,14 +736,14 @@ class Monitor:
 
     def _service_answer(self, op: str, session: Session, args: dict[str, Any]) -> dict[str, Any]:
         """``profile``/``top`` of the whole service ``session`` belongs to (whole run, or ``window_s``, from memory)."""
-        from dyper.monitor.services import service_of, service_profile
+        from dyper.monitor.services import service_of
         from dyper.monitor.views import service_top_view
 
         window_s = args.get("window_s")
         seconds = float(window_s) if isinstance(window_s, int | float) and window_s > 0 else None
         service = service_of(self.sessions.values(), session)
         if op == "profile":
-            return service_profile(service, WindowSpec.last(seconds) if seconds else None).to_json()
+            return build_profile(service, WindowSpec.last(seconds) if seconds else None).to_json()
         return service_top_view(service, seconds, charge_libraries=bool(args.get("libraries")))
 
 

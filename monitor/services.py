@@ -30,10 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dyper.agent.budget import slowdown
-from dyper.monitor.profile import Profile, process_info, session_paths
-from dyper.monitor.session import Session, SessionKey, StackKey, merge_counts
-from dyper.monitor.windows import WindowSpec
+from dyper.monitor.session import Session, SessionKey
 
 #: A parent chain longer than this is a bug or a loop of reused pids: stop walking.
 MAX_DEPTH = 64
@@ -131,62 +128,3 @@ def service_of(sessions: Iterable[Session], session: Session) -> Service:
         if any(m is session for m in service.members):
             return service
     return Service("root:{}:{}:{:.3f}".format(*session.key), _label(session), [session], session.key)
-
-
-def service_profile(service: Service, window: WindowSpec | None = None) -> Profile:
-    """One profile of the whole service: the members' counts over ``window`` (None: whole run) added up.
-
-    A window is resolved against each member's own reports and read from
-    memory (the last :data:`monitor.session.WINDOW_RETENTION_S`); older slices
-    of single processes come from history through the per-process views.
-    ``process`` describes the root process and adds ``service`` (the name),
-    ``pids`` and ``processes`` (one row per member: pid, argv, samples,
-    connected, overhead); ``samples`` covers all members.
-    """
-    counts: dict[StackKey, list[int]] = {}
-    samples = 0
-    seconds = 0.0
-    threads: dict[int, str] = {}
-    rows = []
-    for m in service.members:
-        if window is None or window.whole:
-            c, n = m.counts, m.samples
-            seconds = max(seconds, m.duration_s())
-        else:
-            got = m.slice(*window.resolve(m.first_report_t, m.last_report_t or None))
-            c, n = got.counts, got.samples
-            seconds = max(seconds, got.seconds)
-        merge_counts(counts, c)  # new lists in ``counts``: the members' own are never aliased
-        samples += n
-        threads.update(m.threads)
-        rows.append(
-            {
-                "pid": m.pid,
-                "argv": list(m.hello.get("argv", [])),
-                "samples": n,
-                "connected": m.connected,
-                "overhead": m.overhead(),
-            }
-        )
-    root = service.root
-    process = process_info(root)
-    whole = window is None or window.whole
-    process.update(
-        service=service.name,
-        pids=service.pids,
-        processes=rows,
-        samples=samples,
-        duration_s=seconds,
-        window_s=None if whole else seconds,
-        # the members' overheads weighted by how long each ran
-        overhead=_weighted_overhead(service.members),
-    )
-    if not whole and window is not None:
-        process["window"] = {"spec": window.to_json(), "description": window.describe()}
-    return Profile.from_counts(root.frames.frames, counts, threads, process, session_paths(root))
-
-
-def _weighted_overhead(members: list[Session]) -> float:
-    spent = sum(a.spent_s for m in members for a in m.agents.values())
-    elapsed = sum(a.elapsed_s for m in members for a in m.agents.values())
-    return slowdown(spent, elapsed)

@@ -33,6 +33,7 @@ import msgpack
 from dyper.agent import protocol
 from dyper.agent.budget import slowdown, slowdown_by
 from dyper.agent.protocol import LOC_AGENT, LOC_BLOCKING, LOC_IO, LOC_LOCK, LOC_SLEEP, MAX_ERROR_CHARS, MAX_MARK_CHARS
+from dyper.monitor.model.frames import Frame, FrameId, StackKey
 from dyper.proflets.base import Analyzer, ReportView
 
 #: (host, pid, process start time)
@@ -59,10 +60,6 @@ def same_process(pid: int, start_time: float) -> bool | None:
 #: Session.check_stacks: per stack of a report, its code in the agent's cache (-1: not
 #: there), and the location ids of those the agent had not sent before
 StackCheck = tuple[list[int], dict[bytes, list[int]]]
-#: index into FrameTable.frames
-FrameId = int
-#: (thread ident, frame ids root first)
-StackKey = tuple[int, tuple[FrameId, ...]]
 
 #: keys of an analyzer's per-window summaries (see Session.recent)
 K = TypeVar("K", bound=Hashable)
@@ -83,24 +80,6 @@ MAX_CACHED_STACKS = 20_000
 _KIND_NAMES = ("run", "lock", "wait", "io", "sleep")
 _KIND_CODES = {name: code for code, name in enumerate(_KIND_NAMES)}
 _RUN, _EMPTY = 0, 5
-
-
-@dataclass(frozen=True)
-class Frame:
-    """One code location: a line inside a function."""
-
-    file: str
-    name: str  # qualified name
-    firstline: int
-    line: int
-
-    @functools.cached_property
-    def function(self) -> tuple[str, str, int]:
-        # Cached (in the instance's dict, which frozen allows): priorities look it up per report.
-        return (self.file, self.name, self.firstline)
-
-    def label(self) -> str:
-        return f"{self.name} ({self.file}:{self.line})"
 
 
 class FrameTable:
@@ -293,7 +272,9 @@ class Session:
         #: cpu detailing: function (file, qualname, first line) -> [calls counted, seconds counted]
         self.calls: dict[tuple[str, str, int], list[float]] = {}
         #: the monitor halves of the proflets, by name
-        self.analyzers: dict[str, Analyzer] = make_analyzers(self)
+        #: proflet name -> why its analyzer is not in :attr:`analyzers` (failed to load or to start)
+        self.analyzers_off: dict[str, str] = {}
+        self.analyzers: dict[str, Analyzer] = make_analyzers(self, self.analyzers_off)
         #: (wall time, name, kind) of the agents' marks: agent.mark, pause, resume, reset (the newest)
         self.marks: deque[tuple[float, str, str]] = deque(maxlen=MAX_MARKS)
         #: trigger events (agent.triggers), oldest first; each with its number ("id", from 1)
@@ -307,6 +288,11 @@ class Session:
     @property
     def pid(self) -> int:
         return self.key[1]
+
+    @property
+    def paths(self) -> dict[str, str]:
+        """The target's sysconfig paths, as its hello gave them (to tell library code from application code)."""
+        return dict(self.hello.get("paths") or {})
 
     @property
     def connected(self) -> bool:
@@ -357,7 +343,8 @@ class Session:
         self.costs = {k: 0.0 for k in self.costs}
         self.calls = {}
         self.bursts.clear()
-        self.analyzers = make_analyzers(self)
+        self.analyzers_off = {}
+        self.analyzers = make_analyzers(self, self.analyzers_off)
         self.elapsed_at_reset = sum(a.elapsed_s for a in self.agents.values())
         self.reset_t = t
 
@@ -967,37 +954,41 @@ def leaf_kind(flags: int) -> str:
     return "wait"
 
 
-#: Analyzer classes of the registered proflets, loaded once per monitor.
-_ANALYZER_CLASSES: dict[str, type[Analyzer]] | None = None
-#: proflet name -> why its analyzer is not there
-ANALYZERS_OFF: dict[str, str] = {}
+#: Analyzer classes of the registered proflets, loaded once per monitor, and
+#: proflet name -> why its analyzer could not be loaded (the same for every session)
+_ANALYZER_CLASSES: tuple[dict[str, type[Analyzer]], dict[str, str]] | None = None
 
 
-def analyzer_classes() -> dict[str, type[Analyzer]]:
+def analyzer_classes() -> tuple[dict[str, type[Analyzer]], dict[str, str]]:
+    """The analyzer class of each registered proflet, and why any could not be loaded."""
     global _ANALYZER_CLASSES
     if _ANALYZER_CLASSES is None:
         from dyper import proflets
 
         found: dict[str, type[Analyzer]] = {}
+        failed: dict[str, str] = {}
         for name, module in proflets.available().items():
             try:
                 cls = getattr(proflets.load(name, module), "ANALYZER", None)
             except Exception as exc:  # one broken plug-in must not take the monitor down
-                ANALYZERS_OFF[name] = f"{type(exc).__name__}: {exc}"
+                failed[name] = f"{type(exc).__name__}: {exc}"
                 continue
             if cls is not None:
                 found[name] = cls
-        _ANALYZER_CLASSES = found
+        _ANALYZER_CLASSES = (found, failed)
     return _ANALYZER_CLASSES
 
 
-def make_analyzers(session: Session) -> dict[str, Analyzer]:
+def make_analyzers(session: Session, off: dict[str, str]) -> dict[str, Analyzer]:
+    """``session``'s analyzers; ``off`` gets why any proflet has none (this session's, not the monitor's)."""
+    classes, failed = analyzer_classes()
+    off.update(failed)
     out: dict[str, Analyzer] = {}
-    for name, cls in analyzer_classes().items():
+    for name, cls in classes.items():
         try:
             out[name] = cls(session)
         except Exception as exc:
-            ANALYZERS_OFF[name] = f"{type(exc).__name__}: {exc}"
+            off[name] = f"{type(exc).__name__}: {exc}"
     return out
 
 

@@ -17,8 +17,10 @@ from rich.table import Table
 from rich.text import Text
 
 from dyper.agent.budget import slowdown_by
-from dyper.monitor.profile import DEFAULT_FLOOR_PCT, Profile
+from dyper.monitor.model.profile import FLOOR_PCT, Profile
+from dyper.monitor.profile import build_profile
 from dyper.monitor.session import Session
+from dyper.monitor.windows import WindowSpec
 
 if TYPE_CHECKING:
     from dyper.monitor.services import Service
@@ -100,11 +102,11 @@ def top_view(
 ) -> dict[str, Any]:
     """The live view of a session over the last ``window_s`` (None: whole run), or over ``profile``'s window."""
     if profile is None:
-        profile = Profile.from_session(session, window_s, proflets=False)
+        profile = build_profile(session, WindowSpec.last(window_s) if window_s else None)
     tasks = profile.process.get("view") == "tasks"
     # The task view is mostly waiting: its functions are ranked by all task time, with the running part beside.
     first, second = ("wall", "cpu") if tasks else ("cpu", "wall")
-    rows = profile.functions(first, charge_libraries=charge_libraries, floor_pct=DEFAULT_FLOOR_PCT)
+    rows = profile.functions(first, charge_libraries=charge_libraries, floor_pct=FLOOR_PCT)
     other = {(r["file"], r["name"], r["line"]): r for r in profile.functions(second, charge_libraries=charge_libraries)}
     rates = session.calls_per_s()
     for r in rows:
@@ -145,10 +147,7 @@ def service_top_view(
     service: Service, window_s: float | None = None, *, limit: int = 15, charge_libraries: bool = False
 ) -> dict[str, Any]:
     """The live view of a whole service: its members' counts merged, one line per process."""
-    from dyper.monitor.services import service_profile
-    from dyper.monitor.windows import WindowSpec
-
-    profile = service_profile(service, WindowSpec.last(window_s) if window_s else None)
+    profile = build_profile(service, WindowSpec.last(window_s) if window_s else None)
     view = top_view(service.root, window_s, limit=limit, charge_libraries=charge_libraries, profile=profile)
     info = view["session"]
     info.update(

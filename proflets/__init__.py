@@ -9,8 +9,10 @@ monitor), and is registered in its distribution's metadata::
     slowsql = "myapp.slowsql"
 
 The built-ins register the same way (see pyproject.toml). They are also
-known here by name, so an agent whose dyper is on ``sys.path`` without its
-metadata (``dyper attach`` into another interpreter) still finds them.
+known here by name (:data:`BUILTINS`, the same table: a test holds it to
+pyproject.toml's entry points), so an agent whose dyper is on ``sys.path``
+without its metadata (``dyper attach`` into another interpreter) still
+finds them, and an agent asking only for built-ins reads no metadata.
 
 Both halves import this module, so it stays free of anything heavy.
 """
@@ -31,6 +33,7 @@ BUILTINS: Final = {
     "io": "dyper.proflets.io",
     "memory": "dyper.proflets.memory",
     "memory_stacks": "dyper.proflets.memory_stacks",
+    "tasks": "dyper.proflets.tasks",
 }
 
 

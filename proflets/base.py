@@ -16,7 +16,7 @@ summed, plus whole-run totals; :meth:`state` / :meth:`restore` carry the
 totals through the monitor's history.
 
 This module is imported in the target too (proflet modules import it), so
-it imports nothing from the monitor at module level.
+it imports nothing from the monitor but the model's lights (no dependencies).
 """
 
 from __future__ import annotations
@@ -24,9 +24,27 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
+
+# The light's type and its confidence curve are the model's; analyzers take them from here.
+from dyper.monitor.model.lights import Status, confidence_of
+
+if TYPE_CHECKING:
+    from dyper.monitor.model.frames import Frame, FunctionKey, StackKey
+
+__all__ = [
+    "KINDS",
+    "ROWS_KEPT",
+    "Analyzer",
+    "ReportView",
+    "SessionView",
+    "Status",
+    "YappiCharge",
+    "confidence_of",
+    "paired_best",
+]
 
 #: Per-report rows kept for windows: an hour of reports at one a second.
 ROWS_KEPT = 3600
@@ -53,15 +71,6 @@ class ReportView:
     threads: Mapping[int, str] = field(default_factory=dict)
     #: processors the process may run on
     cpus: int = 1
-
-
-@dataclass(frozen=True)
-class Status:
-    problem: float = 0.0
-    confidence: float = 0.0
-
-    def to_json(self) -> dict[str, float]:
-        return {"problem": round(self.problem, 3), "confidence": round(self.confidence, 3)}
 
 
 def paired_best(
@@ -167,9 +176,149 @@ class YappiCharge:
         return calls + self.loss * (busy - calls)
 
 
-def confidence_of(samples: float, half: float = 200.0) -> float:
-    """How sure a figure from ``samples`` observations is: 0 with none, 0.5 at ``half``, towards 1."""
-    return samples / (samples + half) if samples > 0 else 0.0
+# --- what an analyzer may read of its process's session -------------------------------------------
+
+#: keys of a running sum's summaries (see SessionView.recent)
+K = TypeVar("K", bound=Hashable)
+
+
+class FrameLookup(Protocol):
+    """The monitor's frame table: frame ids index it (append-only)."""
+
+    @property
+    def frames(self) -> Sequence[Frame]: ...
+
+
+class WindowView(Protocol):
+    """One report's counts (monitor.session.Window): stack indexes into ``table``, with wall and cpu samples."""
+
+    @property
+    def table(self) -> Sequence[StackKey]: ...
+
+    def items(self) -> Iterator[tuple[int, int, int]]: ...
+
+
+class SliceView(Protocol):
+    """Counts of some reports (monitor.session.Slice)."""
+
+    @property
+    def counts(self) -> Mapping[StackKey, list[int]]: ...
+
+    @property
+    def samples(self) -> int: ...
+
+    @property
+    def seconds(self) -> float: ...
+
+
+class AgentView(Protocol):
+    """One agent in the process, as an analyzer may see it: its budget and its proflets' state."""
+
+    @property
+    def budget(self) -> float: ...
+
+    @property
+    def proflets(self) -> Mapping[str, Mapping[str, Any]]: ...
+
+
+class SessionView(Protocol):
+    """What an analyzer may read of its process's session: the stacks, the windows, and little else.
+
+    :class:`dyper.monitor.session.Session` is one (mypy checks it where the
+    session makes its analyzers); a test may hand an analyzer anything with
+    the parts it reads. Analyzers never change the session, except to ask it
+    to forget a running sum of theirs (:meth:`forget_recent`).
+    """
+
+    @property
+    def frames(self) -> FrameLookup: ...
+
+    @property
+    def threads(self) -> Mapping[int, str]: ...
+
+    @property
+    def paths(self) -> Mapping[str, str]:
+        """The target's sysconfig paths (which files are library code)."""
+        ...
+
+    @property
+    def samples(self) -> int: ...
+
+    @property
+    def counts(self) -> Mapping[StackKey, list[int]]:
+        """The whole run: stack -> [wall, cpu] samples."""
+        ...
+
+    @property
+    def calls(self) -> Mapping[FunctionKey, list[float]]:
+        """What cpu detailing counted: function -> [calls, seconds counted]."""
+        ...
+
+    @property
+    def agents(self) -> Mapping[str, AgentView]: ...
+
+    @property
+    def analyzers(self) -> Mapping[str, Analyzer]:
+        """The process's other analyzers (one proflet may read another's figures)."""
+        ...
+
+    def duration_s(self) -> float: ...
+
+    def slice(self, start: float | None, end: float | None) -> SliceView: ...
+
+    def window_counts(self, seconds: float | None) -> tuple[Mapping[StackKey, list[int]], int]: ...
+
+    def recent(
+        self, name: str, seconds: float, summarize: Callable[[WindowView], dict[K, int]]
+    ) -> tuple[dict[K, int], int]: ...
+
+    def forget_recent(self, name: str) -> None: ...
+
+    def calls_per_s(self) -> Mapping[FunctionKey, float]: ...
+
+
+class _NoFrames:
+    frames: Sequence[Frame] = ()
+
+
+class NoSession:
+    """The view of an analyzer made without a session (in a test, say): nothing seen yet."""
+
+    frames: FrameLookup = _NoFrames()
+    threads: Mapping[int, str] = {}
+    paths: Mapping[str, str] = {}
+    samples = 0
+    counts: Mapping[StackKey, list[int]] = {}
+    calls: Mapping[FunctionKey, list[float]] = {}
+    agents: Mapping[str, AgentView] = {}
+    analyzers: Mapping[str, Analyzer] = {}
+
+    def duration_s(self) -> float:
+        return 0.0
+
+    def slice(self, start: float | None, end: float | None) -> SliceView:
+        return _EmptySlice()
+
+    def window_counts(self, seconds: float | None) -> tuple[Mapping[StackKey, list[int]], int]:
+        return {}, 0
+
+    def recent(
+        self, name: str, seconds: float, summarize: Callable[[WindowView], dict[K, int]]
+    ) -> tuple[dict[K, int], int]:
+        return {}, 0
+
+    def forget_recent(self, name: str) -> None:
+        pass
+
+    def calls_per_s(self) -> Mapping[FunctionKey, float]:
+        return {}
+
+
+@dataclass(frozen=True)
+class _EmptySlice:
+    counts: Mapping[StackKey, list[int]] = field(default_factory=dict)
+    samples: int = 0
+    seconds: float = 0.0
 
 
 class Analyzer:
@@ -177,10 +326,9 @@ class Analyzer:
 
     name: ClassVar[str] = ""
 
-    def __init__(self, session: Any = None) -> None:
-        #: the monitor's session of the process (monitor.session.Session), for
-        #: analyzers that read its stacks
-        self.session = session
+    def __init__(self, session: SessionView | None = None) -> None:
+        #: what the analyzer may read of its process's session (not the session itself: see SessionView)
+        self.session: SessionView = session if session is not None else NoSession()
         #: (report end time, per-report row) for windows
         self.rows: deque[tuple[float, Any]] = deque(maxlen=ROWS_KEPT)
 

@@ -29,85 +29,23 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from types import CodeType
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from dyper.agent.budget import ProfletCosts
 from dyper.agent.proflet import Collector, DetailContext, ReportContext
-from dyper.proflets.base import Analyzer, Status, YappiCharge, confidence_of, paired_best
-
-if TYPE_CHECKING:
-    from dyper.monitor.profile import Metric, Profile
-    from dyper.monitor.session import Frame, Session, Window
-
-#: Show only what takes at least this share of the samples.
-FLOOR_PCT = 0.5
+from dyper.monitor.model.lights import cpu_light
+from dyper.proflets.base import Analyzer, SessionView, Status, WindowView, YappiCharge, paired_best
 
 Key = tuple[str, str, int]
-
-
-def function_table(
-    profile: Profile, metric: Metric = "cpu", *, charge_libraries: bool = False, floor_pct: float = 0.0
-) -> list[dict[str, Any]]:
-    """Per function (file, qualname, first line): self and total, sorted by self."""
-    return _table(profile, metric, charge_libraries, floor_pct, lambda f: f.function)
-
-
-def line_table(
-    profile: Profile, metric: Metric = "cpu", *, charge_libraries: bool = False, floor_pct: float = 0.0
-) -> list[dict[str, Any]]:
-    """Per line (file, qualname, line): self and total, sorted by self."""
-    return _table(profile, metric, charge_libraries, floor_pct, lambda f: (f.file, f.name, f.line))
-
-
-def _table(
-    profile: Profile,
-    metric: Metric,
-    charge_libraries: bool,
-    floor_pct: float,
-    key_of: Callable[[Frame], Key],
-) -> list[dict[str, Any]]:
-    keys = [key_of(f) for f in profile.frames]
-    self_counts: dict[Key, int] = {}
-    total_counts: dict[Key, int] = {}
-    grand = 0
-    for s, frames in profile.charged_stacks(charge_libraries):
-        n = s.cpu if metric == "cpu" else s.wall
-        if n == 0 or not frames:
-            continue
-        grand += n
-        leaf = keys[frames[-1]]
-        self_counts[leaf] = self_counts.get(leaf, 0) + n
-        # A recursive function is counted once per stack, not once per frame.
-        for k in {keys[i] for i in frames}:
-            total_counts[k] = total_counts.get(k, 0) + n
-    rows: list[dict[str, Any]] = []
-    for k, total in total_counts.items():
-        own = self_counts.get(k, 0)
-        total_pct = 100.0 * total / grand if grand else 0.0
-        if total_pct < floor_pct:
-            continue
-        rows.append(
-            {
-                "name": k[1],
-                "file": k[0],
-                "line": k[2],
-                "self": own,
-                "total": total,
-                "self_pct": 100.0 * own / grand if grand else 0.0,
-                "total_pct": total_pct,
-            }
-        )
-    rows.sort(key=lambda r: (-r["self"], -r["total"], r["name"]))
-    return rows
 
 
 #: A function with at least this share of the cpu samples is a detailing candidate.
 CANDIDATE_PCT = 5.0
 
 
-def priority(session: Session, window_s: float = 10.0) -> float:
+def priority(session: SessionView, window_s: float = 10.0) -> float:
     """PRTY of cpu detailing for a session: how CPU-bound it is and how many candidates there are.
 
     CPU-boundness is running threads per sampling pass (1 or more: at least
@@ -134,7 +72,7 @@ def priority(session: Session, window_s: float = 10.0) -> float:
     return max(0.1, busy * (0.5 + 0.5 * min(1.0, candidates / 4)))
 
 
-def cpu_by_leaf(window: Window) -> dict[int, int]:
+def cpu_by_leaf(window: WindowView) -> dict[int, int]:
     """A window's cpu samples by the frame id of the stack's leaf."""
     table = window.table
     out: dict[int, int] = {}
@@ -846,7 +784,7 @@ class CpuAnalyzer(Analyzer):
     NATIVE_ROWS = 30
     NATIVE_FINDING_PCT = 30.0
 
-    def __init__(self, session: Any = None) -> None:
+    def __init__(self, session: SessionView | None = None) -> None:
         super().__init__(session)
         #: over every native burst: each candidate's own time (s), and
         #: (function, callee) -> [calls, seconds] of the C calls it made
@@ -898,49 +836,36 @@ class CpuAnalyzer(Analyzer):
     def restore(self, state: Mapping[str, Any]) -> None:
         self.merge_detail({"native": state})
 
-    def _profile(self, start: float | None, end: float | None) -> Profile:
-        from dyper.monitor.profile import Profile, process_info, session_paths
-
-        session = self.session
-        if start is None and end is None:
-            counts, seconds, samples = session.counts, session.duration_s(), session.samples
-        else:
-            part = session.slice(start, end)
-            counts, seconds, samples = part.counts, part.seconds, part.samples
-        process = dict(process_info(session), duration_s=seconds, samples=samples)
-        return Profile.from_counts(
-            session.frames.frames, counts, dict(session.threads), process, session_paths(session)
-        )
-
     def results(self, start: float | None = None, end: float | None = None) -> dict[str, Any]:
-        profile = self._profile(start, end)
-        duration = float(profile.process.get("duration_s") or 0.0)
-        rates = self.session.calls_per_s()
-        counted = self.session.calls
-        functions = function_table(profile, floor_pct=FLOOR_PCT)
-        for row in functions:
-            key = (row["file"], row["name"], row["line"])
-            rate = rates.get(key)
-            row["calls_per_s"] = rate
-            # What the rate rests on: seconds of call bursts that counted this function.
-            row["counted_s"] = counted[key][1] if key in counted else None
-            row["calls"] = round(rate * duration) if rate is not None else None
-            # seconds of CPU: the share of the samples times the time they cover
-            row["self_s"] = row["self_pct"] / 100.0 * duration
-            row["total_s"] = row["total_pct"] / 100.0 * duration
-            row["s_per_call"] = row["total_s"] / row["calls"] if row["calls"] else None
-        return {"functions": functions, "lines": line_table(profile, floor_pct=FLOOR_PCT), "native": self.native_rows()}
+        """What detailing measured: call rates (whole run) and native rows.
 
-    def _busy(self) -> tuple[float, int]:
+        The tables themselves are made by the report from the window's profile
+        (:func:`dyper.monitor.report.cpu_section`), with these rates.
+        """
+        counted = self.session.calls
+        rates = [
+            {"file": k[0], "name": k[1], "line": k[2], "calls_per_s": rate, "counted_s": counted[k][1]}
+            for k, rate in self.session.calls_per_s().items()
+        ]
+        return {"call_rates": rates, "native": self.native_rows()}
+
+    def _busy(self) -> tuple[Status, dict[Key, int]]:
+        """The cpu light over the whole run, and the cpu samples per function at the stacks' leaves."""
         session = self.session
-        cpu = sum(c for _, c in session.counts.values())
-        return (min(1.0, cpu / session.samples) if session.samples else 0.0), session.samples
+        frames = session.frames.frames
+        cpu_total = 0
+        own: dict[Key, int] = {}
+        for (_, stack), (_, cpu) in session.counts.items():
+            cpu_total += cpu
+            if cpu and stack:
+                key = frames[stack[-1]].function
+                own[key] = own.get(key, 0) + cpu
+        return cpu_light(cpu_total, session.samples), own
 
     def status(self) -> Status:
         # The light says how CPU-bound the process is: the share of sampling
         # passes that found a thread on the CPU (or ready for it).
-        busy, samples = self._busy()
-        return Status(busy, confidence_of(samples))
+        return self._busy()[0]
 
     def priority(self) -> float | None:
         return priority(self.session)
@@ -952,15 +877,17 @@ class CpuAnalyzer(Analyzer):
             for r in self.native_rows()[:3]
             if (r["pct_of_function"] or 0.0) >= self.NATIVE_FINDING_PCT
         ]
-        busy, samples = self._busy()
-        if samples < 50 or busy < 0.5:
+        light, own = self._busy()
+        busy, samples = light.problem, self.session.samples
+        if samples < 50 or busy < 0.5 or not own:
             return said
-        top = function_table(self._profile(None, None), floor_pct=FLOOR_PCT)[:1]
-        if not top or top[0]["self_pct"] < 10:
+        (_, name, _), top = max(own.items(), key=lambda kv: kv[1])
+        top_pct = 100.0 * top / sum(own.values())
+        if top_pct < 10:
             return said
         return [
-            f"the process is CPU-bound ({busy:.0%} of samples on the CPU); {top[0]['name']} takes "
-            f"{top[0]['self_pct']:.0f}% of the CPU samples itself",
+            f"the process is CPU-bound ({busy:.0%} of samples on the CPU); {name} takes "
+            f"{top_pct:.0f}% of the CPU samples itself",
             *said,
         ]
 

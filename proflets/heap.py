@@ -62,7 +62,7 @@ from typing import Any, ClassVar
 from dyper.agent import procfs
 from dyper.agent.budget import ProfletCosts
 from dyper.agent.proflet import Collector, DetailContext, ReportContext
-from dyper.proflets.base import Analyzer, ReportView, Status, confidence_of
+from dyper.proflets.base import Analyzer, ReportView, SessionView, Status, confidence_of
 
 #: The maximum pause when DYPER_HEAP_MAX_PAUSE_MS does not say otherwise, ms.
 MAX_PAUSE_MS = 200.0
@@ -476,7 +476,7 @@ class HeapAnalyzer(Analyzer):
 
     name = "heap"
 
-    def __init__(self, session: Any = None) -> None:
+    def __init__(self, session: SessionView | None = None) -> None:
         super().__init__(session)
         #: (time, totals, type name -> (count, bytes)), oldest first
         self.censuses: deque[Census] = deque(maxlen=CENSUSES_KEPT)
@@ -564,7 +564,7 @@ class HeapAnalyzer(Analyzer):
         """Why there is no census yet, in words: the planned cost against what the budget can save up."""
         from dyper.agent.budget import Guard
 
-        agents = list(getattr(self.session, "agents", {}).values())
+        agents = list(self.session.agents.values())
         if agents and not any(self.name in agent.proflets for agent in agents):
             return "the heap proflet is not running in the target: name it (DYPER_PROFLETS=...,heap)"
         for agent in agents:

@@ -50,10 +50,20 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from dyper.agent import procfs
 from dyper.agent.proflet import Collector, DetailContext, ReportContext
 from dyper.agent.protocol import LOC_AGENT, LOC_BLOCKING, LOC_IO
-from dyper.proflets.base import Analyzer, ReportView, Status, YappiCharge, confidence_of, paired_best
+from dyper.monitor.model.libraries import library_roots
 
 if TYPE_CHECKING:
-    from dyper.monitor.session import Window
+    from dyper.monitor.model.frames import StackKey
+from dyper.proflets.base import (
+    Analyzer,
+    ReportView,
+    SessionView,
+    Status,
+    WindowView,
+    YappiCharge,
+    confidence_of,
+    paired_best,
+)
 
 # --- the resource file -------------------------------------------------------------------
 
@@ -143,14 +153,6 @@ def routines() -> Routines:
 
 
 # --- naming frames -----------------------------------------------------------------------
-
-_LIBRARY_PATHS = ("stdlib", "platstdlib", "purelib", "platlib")
-
-
-def library_roots(paths: Mapping[str, str]) -> tuple[str, ...]:
-    """The standard library's and installed packages' directories (sysconfig paths), longest first."""
-    roots = {os.path.normpath(p) + os.sep for k, p in paths.items() if k in _LIBRARY_PATHS and p}
-    return tuple(sorted(roots, key=len, reverse=True))
 
 
 def _dotted_path(relative: str) -> str:
@@ -803,11 +805,10 @@ class IoAnalyzer(Analyzer):
     #: a thread doing I/O at least this share of its time is a finding
     FINDING_PCT = 50.0
 
-    def __init__(self, session: Any = None) -> None:
+    def __init__(self, session: SessionView | None = None) -> None:
         super().__init__(session)
         self._routines = routines()
-        paths = dict(session.hello.get("paths") or {}) if session is not None else {}
-        self._roots = library_roots(paths)
+        self._roots = library_roots(self.session.paths)
         #: leaf line -> (callee, whether the agent judged the call blocking)
         self.calls: dict[SiteKey, tuple[str, bool]] = {}
         #: per frame id: (listed Python routine or None, library code)
@@ -842,8 +843,7 @@ class IoAnalyzer(Analyzer):
             if self.calls.get(key) != value:
                 self.calls[key] = value
                 self._stacks.clear()
-                if self.session is not None:
-                    self.session.forget_recent("io")
+                self.session.forget_recent("io")
         io, since = data.get("io"), data.get("since")
         if isinstance(io, list) and isinstance(since, list) and len(io) == len(IO_FIELDS) and len(since) == 2:
             key2 = (float(since[0]), int(since[1]))
@@ -916,7 +916,7 @@ class IoAnalyzer(Analyzer):
         self._stacks[stack] = known
         return known
 
-    def _counts(self, start: float | None, end: float | None) -> tuple[dict[Any, list[int]], int, float]:
+    def _counts(self, start: float | None, end: float | None) -> tuple[Mapping[StackKey, list[int]], int, float]:
         session = self.session
         if start is None and end is None:
             return session.counts, session.samples, session.duration_s()
@@ -1088,7 +1088,7 @@ class IoAnalyzer(Analyzer):
         io = sum(r.samples for r in rows.values())
         return (io / grand if grand else 0.0), len(rows), grand
 
-    def _window_rows(self, window: Window) -> dict[tuple[str, tuple[str, str, int]] | None, int]:
+    def _window_rows(self, window: WindowView) -> dict[tuple[str, tuple[str, str, int]] | None, int]:
         """One window's I/O samples by (routine, caller function), as :meth:`_rows` counts them; None: all samples."""
         frames = self.session.frames.frames
         table = window.table

@@ -42,7 +42,7 @@ from typing import Any, ClassVar
 
 from dyper.agent import procfs
 from dyper.agent.proflet import Collector, DetailContext, ReportContext
-from dyper.proflets.base import Analyzer, ReportView, Status, confidence_of, paired_best
+from dyper.proflets.base import Analyzer, ReportView, SessionView, Status, confidence_of, paired_best
 
 #: dyper's own code (agent, proflets, monitor), whose allocations and
 #: collections are not the application's sites.
@@ -852,7 +852,7 @@ class _Report:
 class MemoryAnalyzer(Analyzer):
     name = "memory"
 
-    def __init__(self, session: Any = None) -> None:
+    def __init__(self, session: SessionView | None = None) -> None:
         super().__init__(session)
         #: last cumulative figures seen from the collector (to turn them into differences)
         self._seen_gc: list[int] | None = None

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from dyper.proflets.base import Analyzer, Status, confidence_of
+from dyper.proflets.base import Analyzer, SessionView, Status, confidence_of
 from dyper.proflets.memory import AllocationSites, MemoryAnalyzer, SiteTotals
 
 
@@ -51,7 +51,7 @@ class StacksCollector(AllocationSites):
 class StacksAnalyzer(Analyzer):
     name = "memory_stacks"
 
-    def __init__(self, session: Any = None) -> None:
+    def __init__(self, session: SessionView | None = None) -> None:
         super().__init__(session)
         self.allocations = SiteTotals()
 
@@ -59,8 +59,7 @@ class StacksAnalyzer(Analyzer):
         self.allocations.add(burst)
 
     def _memory(self) -> MemoryAnalyzer | None:
-        analyzers = getattr(self.session, "analyzers", None) or {}
-        memory = analyzers.get("memory")
+        memory = self.session.analyzers.get("memory")
         return memory if isinstance(memory, MemoryAnalyzer) else None
 
     def results(self, start: float | None = None, end: float | None = None) -> dict[str, Any]:

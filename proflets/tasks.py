@@ -55,10 +55,14 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Mapping
 from types import CodeType, FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dyper.agent.proflet import Collector, ReportContext
-from dyper.proflets.base import Analyzer, ReportView, Status, confidence_of
+from dyper.monitor.model.libraries import library_predicate
+from dyper.proflets.base import Analyzer, ReportView, SessionView, Status, confidence_of
+
+if TYPE_CHECKING:
+    from dyper.monitor.model.profile import Profile
 
 #: Share of the budget the passes (and the agent's wake-ups for them) aim to cost: the rest stays
 #: with stack sampling and detailing. In an asyncio service a task pass tells as much as a stack sample.
@@ -560,7 +564,7 @@ class _LoopTotals:
 class TasksAnalyzer(Analyzer):
     name = "tasks"
 
-    def __init__(self, session: Any = None) -> None:
+    def __init__(self, session: SessionView | None = None) -> None:
         super().__init__(session)
         #: frames (file, function, first line, line) and task groups, interned
         self.frames: list[tuple[str, str, int, int]] = []
@@ -652,12 +656,7 @@ class TasksAnalyzer(Analyzer):
         return stacks, loops, blocks
 
     def _is_library(self) -> Callable[[str], bool]:
-        paths: dict[str, str] = {}
-        if self.session is not None:
-            paths = dict(getattr(self.session, "hello", {}).get("paths") or {})
-        from dyper.monitor.profile import Profile
-
-        return Profile([], [], paths=paths).library_predicate()
+        return library_predicate(self.session.paths)
 
     def _where(self, fid: int) -> dict[str, Any]:
         file, name, _, line = self.frames[fid]
@@ -783,10 +782,11 @@ class TasksAnalyzer(Analyzer):
             )
         return merged
 
-    def profile(self, start: float | None = None, end: float | None = None) -> Any:
-        """The task view of the window as a :class:`monitor.profile.Profile` (milliseconds as counts)."""
-        from dyper.monitor.profile import Profile
-        from dyper.monitor.session import Frame
+    def profile(self, start: float | None = None, end: float | None = None) -> Profile:
+        """The task view of the window as a :class:`~dyper.monitor.model.profile.Profile` (milliseconds as counts)."""
+        # here, not at the top: the target loads this module with the collector, and needs no profiles
+        from dyper.monitor.model.frames import Frame
+        from dyper.monitor.model.profile import Profile
 
         stacks, _, _ = self.window(start, end)
         counts = {key: [round(1000.0 * wall), round(1000.0 * cpu)] for key, (wall, cpu) in stacks.items()}

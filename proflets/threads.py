@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 from dyper.agent import procfs
 from dyper.agent.proflet import Collector, DetailContext, ReportContext
 from dyper.agent.protocol import LOC_LOCK
-from dyper.proflets.base import KINDS, Analyzer, ReportView, Status, confidence_of
+from dyper.proflets.base import KINDS, Analyzer, ReportView, SessionView, Status, confidence_of
 
 # --- agent half ------------------------------------------------------------------------
 
@@ -278,7 +278,7 @@ def _seconds(row: list[float], window_s: float, samples: int) -> float:
 class ThreadsAnalyzer(Analyzer):
     name = "threads"
 
-    def __init__(self, session: Any = None) -> None:
+    def __init__(self, session: SessionView | None = None) -> None:
         super().__init__(session)
         #: ident -> last cumulative CPU seconds seen (to turn them into deltas)
         self._cpu_seen: dict[int, float] = {}

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from dyper.agent.proflet import Collector, DetailContext, ReportContext
-from dyper.proflets.base import Analyzer, ReportView, Status, confidence_of
+from dyper.proflets.base import Analyzer, ReportView, SessionView, Status, confidence_of
 from dyper.proflets.threads import SchedCounters, ThreadClocks
 
 
@@ -69,7 +69,7 @@ class TimingCollector(Collector):
 class TimingAnalyzer(Analyzer):
     name = "timing"
 
-    def __init__(self, session: Any = None) -> None:
+    def __init__(self, session: SessionView | None = None) -> None:
         super().__init__(session)
         self._hist_seen: list[int] | None = None
         self._cpu_seen: dict[int, float] = {}

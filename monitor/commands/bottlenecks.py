@@ -29,7 +29,7 @@ from typing import Any, Literal
 from rich.console import Console
 
 from dyper.monitor.commands import CliError, add_metric_arguments, add_monitor_argument, add_view_argument, window_arg
-from dyper.monitor.profile import Profile
+from dyper.monitor.model.profile import Profile
 from dyper.monitor.search.calltree import CallTreeProfile
 from dyper.monitor.search.comparative import ComparativeProfile
 from dyper.monitor.search.interface import ProfileInterface

@@ -47,7 +47,7 @@ from dyper.monitor.consolidate import (
     parse_windows,
     report,
 )
-from dyper.monitor.profile import Profile
+from dyper.monitor.model.profile import Profile
 
 NAME = "consolidate"
 

@@ -41,7 +41,7 @@ from dyper.monitor.commands import (
     standing_monitor,
 )
 from dyper.monitor.exports import FORMATS, Exporter, exporter_for, exporter_named
-from dyper.monitor.profile import Profile
+from dyper.monitor.model.profile import Profile
 from dyper.monitor.windows import WindowSpec, parse_seconds
 
 NAME = "export"

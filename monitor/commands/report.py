@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_report(args: argparse.Namespace) -> dict[str, Any]:
-    from dyper.monitor.profile import Profile
+    from dyper.monitor.model.profile import Profile
     from dyper.monitor.report import report_of
 
     source = args.source

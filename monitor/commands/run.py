@@ -255,7 +255,7 @@ def _run_with_standing_monitor(
             proc.wait()
         if args.output:
             from dyper.monitor.exports import exporter_for
-            from dyper.monitor.profile import Profile
+            from dyper.monitor.model.profile import Profile
 
             try:
                 data = client.call("profile", pid=proc.pid)

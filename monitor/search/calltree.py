@@ -39,9 +39,11 @@ from typing import TYPE_CHECKING, Literal, cast
 import numpy as np
 from numpy.typing import NDArray
 
+from dyper.monitor.model.frames import frame_label
+
 if TYPE_CHECKING:
-    from dyper.monitor.profile import Profile
-    from dyper.monitor.session import Frame
+    from dyper.monitor.model.frames import Frame
+    from dyper.monitor.model.profile import Profile
 
 #: "frame": a name is the whole frame string as written; "function": line numbers
 #: are dropped, so the lines of one function merge into one name.
@@ -142,11 +144,6 @@ def function_key(frame: str) -> str:
     if m is not None:
         return f"{frame[: m.start()]} ({m['file']})"
     return _TRAILING_LINE.sub("", frame)
-
-
-def frame_label(frame: Frame) -> str:
-    """A dyper frame at line level, as ``monitor.exports`` writes it to collapsed files."""
-    return f"{frame.name} ({frame.file}:{frame.line})".replace(";", ":")
 
 
 def function_label(frame: Frame) -> str:

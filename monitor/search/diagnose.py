@@ -64,11 +64,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dyper.monitor.profile import Profile
+from dyper.monitor.model.frames import Frame
+from dyper.monitor.model.profile import Profile
 from dyper.monitor.search.calltree import CallTreeProfile, CallTreeSummary, function_label
 from dyper.monitor.search.interface import base_overlap, cum_overlap
 from dyper.monitor.search.suggest import caller_split
-from dyper.monitor.session import Frame
 
 #: The Performance Consultant's CPU threshold (seed 002: "a 5% threshold was used for CPU bottlenecks").
 DEFAULT_THRESHOLD = 0.05

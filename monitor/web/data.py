@@ -3,16 +3,12 @@
 The web server (:mod:`monitor.web.server`) only moves these dicts to the
 page; everything a test might want to check without a browser is here.
 
-Per-proflet results come from ``monitor.report.build_report`` when the proflet
-framework provides it; until then :func:`fallback_report` computes the cpu
-part (the only proflet so far) in the same shape::
-
-    {"process": {...},
-     "status":  {"<proflet>": {"problem": 0-1, "confidence": 0-1}},
-     "proflets": {"<proflet>": {"<table>": [{column: value}, ...]}}}
-
-The page renders every list of dicts under ``proflets`` as a sortable table,
-so a new proflet shows up without a dashboard change.
+The proflets' lights, tables and findings are not made here: the summary
+carries the report :func:`dyper.monitor.report.report_of` makes of the
+window's profile (built with the proflets' sections), the same report
+``dyper report --json`` prints. The page renders every list of dicts under
+``proflets`` as a sortable table, so a new proflet shows up without a
+dashboard change.
 """
 
 from __future__ import annotations
@@ -23,92 +19,9 @@ from typing import Any
 
 from dyper.agent.budget import slowdown
 from dyper.monitor.flame import flame_tree
-from dyper.monitor.profile import DEFAULT_FLOOR_PCT, Metric, Profile
+from dyper.monitor.model.profile import Metric, Profile
 from dyper.monitor.search.repl import short_name
-from dyper.monitor.session import Session, same_process
-
-#: Rows per table sent to the page; the floor already drops what is below 0.5%.
-MAX_ROWS = 300
-
-#: A function with this share of the cpu samples to itself is a problem for sure.
-CPU_PROBLEM_PCT = 25.0
-#: Samples after which a sampled share is trusted (its standard error is under 1.6 points).
-CPU_CONFIDENT_SAMPLES = 1000
-
-
-# --- per-proflet report ---------------------------------------------------------------
-
-
-def report(session: Session, profile: Profile) -> dict[str, Any]:
-    """The proflets' report over ``profile`` (a window of ``session``).
-
-    ``monitor.report.report_of(profile)`` when the proflet framework provides
-    it, otherwise :func:`fallback_report`. A cpu status is added when the
-    report carries none, so the summary always has its first light.
-    """
-    try:
-        from dyper.monitor.report import report_of  # type: ignore[attr-defined,unused-ignore]
-    except ImportError:
-        return fallback_report(session, profile)
-    result: dict[str, Any] = dict(report_of(profile))
-    status = result.setdefault("status", {})
-    functions = (result.get("proflets") or {}).get("cpu", {}).get("functions")
-    if "cpu" not in status and isinstance(functions, list):
-        status["cpu"] = cpu_status(functions, profile.total("cpu"))
-    return result
-
-
-def fallback_report(session: Session, profile: Profile) -> dict[str, Any]:
-    """The cpu proflet's part of a report, computed here while ``monitor.report`` does not exist."""
-    functions = profile.functions("cpu", floor_pct=DEFAULT_FLOOR_PCT)
-    lines = profile.lines("cpu", floor_pct=DEFAULT_FLOOR_PCT)
-    return {
-        "process": dict(profile.process),
-        "status": {"cpu": cpu_status(functions, profile.total("cpu"))},
-        "proflets": {"cpu": {"functions": functions[:MAX_ROWS], "lines": lines[:MAX_ROWS]}},
-    }
-
-
-def cpu_status(functions: list[dict[str, Any]], samples: int) -> dict[str, float]:
-    """Is there a cpu problem (one function holding much of the cpu to itself), and how sure (how many samples)."""
-    top = max((float(r["self_pct"]) for r in functions), default=0.0)
-    return {
-        "problem": round(min(1.0, top / CPU_PROBLEM_PCT), 3),
-        "confidence": round(min(1.0, samples / CPU_CONFIDENT_SAMPLES), 3),
-    }
-
-
-def sample_interval_s(profile: Profile) -> float:
-    """Seconds one sampling pass stands for: the window's length over its passes (0 if unknown)."""
-    seconds = float(profile.process.get("window_s") or profile.process.get("duration_s") or 0.0)
-    passes = int(profile.process.get("samples") or 0)
-    return seconds / passes if seconds > 0 and passes > 0 else 0.0
-
-
-def cpu_table(rows: list[dict[str, Any]], profile: Profile, calls_per_s: dict[tuple[str, str, int], float]) -> None:
-    """Add DYPER's Figure 6 columns to cpu function rows, in place.
-
-    Times are estimates: samples times the time one sampling pass stands for
-    (each pass samples every thread once). Counts are the call rates cpu
-    detailing measured, extrapolated over the window; time per call is the
-    total time over that count.
-    """
-    interval = sample_interval_s(profile)
-    window = float(profile.process.get("window_s") or profile.process.get("duration_s") or 0.0)
-    for r in rows:
-        if "self" in r and r.get("base_s") is None:
-            r["base_s"] = round(r["self"] * interval, 4)
-        if "total" in r and r.get("total_s") is None:
-            r["total_s"] = round(r["total"] * interval, 4)
-        rate = r.get("calls_per_s")
-        if rate is None:
-            rate = calls_per_s.get((r.get("file", ""), r.get("name", ""), r.get("line", 0)))
-        if rate is not None:
-            r["calls_per_s"] = round(float(rate), 2)
-            calls = float(rate) * window
-            r["count"] = int(calls)
-            r["ms_per_call"] = round(1000.0 * r["total_s"] / calls, 4) if calls > 0 and "total_s" in r else None
-
+from dyper.monitor.session import same_process
 
 # --- overhead over time --------------------------------------------------------------------
 

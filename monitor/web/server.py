@@ -39,7 +39,9 @@ from typing import Any, Literal
 from aiohttp import web
 
 from dyper.agent import protocol
-from dyper.monitor.profile import Profile
+from dyper.monitor.model.profile import Profile
+from dyper.monitor.profile import build_profile
+from dyper.monitor.report import report_of
 from dyper.monitor.server import CONTROLS, Monitor
 from dyper.monitor.session import Session
 from dyper.monitor.views import samples_per_s, session_info
@@ -255,8 +257,8 @@ class Dashboard:
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
 
-    async def _profile(self, session: Session, spec: WindowSpec) -> Profile:
-        build, slow = self.monitor.window_job(session, spec)
+    async def _profile(self, session: Session, spec: WindowSpec, *, proflets: bool = False) -> Profile:
+        build, slow = self.monitor.window_job(session, spec, proflets=proflets)
         if slow:  # it reads history: off the loop
             return await asyncio.get_running_loop().run_in_executor(None, build)
         return build()
@@ -280,8 +282,9 @@ class Dashboard:
     async def summary(self, session: Session, window_text: str) -> dict[str, Any]:
         """Figures 4 and 6: the process, its lights, budget and spending, the proflets' tables over the window."""
         spec = self._window(window_text)
-        profile = await self._profile(session, spec)
-        report = self._report(session, profile)
+        # The same builder and report as `dyper report --json` for this window: the same lights and rows.
+        profile = await self._profile(session, spec, proflets=True)
+        report = report_of(profile)
         info = session_info(session)
         timeline = await self._timeline(session)
         process = profile.process
@@ -309,33 +312,11 @@ class Dashboard:
             # proflets' own noteworthy lines (leak suspects, GIL contention...) and the ones switched off
             "findings": report.get("findings", []),
             "off": report.get("off", {}),
-            "errors": report.get("errors", []),
             "overhead": timeline,
             "bursts": len(session.bursts),
             # the tasks proflet over the window: event loops, handlers, blocks (None: no asyncio seen)
-            "asyncio": self._asyncio(session, spec),
+            "asyncio": report["proflets"].get("tasks") or None,
         }
-
-    def _asyncio(self, session: Session, spec: WindowSpec) -> dict[str, Any] | None:
-        analyzer = session.analyzers.get("tasks")
-        if analyzer is None:
-            return None
-        start, end = spec.resolve(session.first_report_t, session.last_report_t or None)
-        try:
-            return analyzer.results(start, end) or None
-        except Exception:  # a proflet's bug must not take the page down
-            return None
-
-    def _report(self, session: Session, profile: Profile) -> dict[str, Any]:
-        try:
-            report = data.report(session, profile)
-        except Exception as exc:  # a proflet's bug must not take the page down
-            report = data.fallback_report(session, profile)
-            report["errors"] = [f"report: {type(exc).__name__}: {exc}"]
-        cpu = (report.get("proflets") or {}).get("cpu") or {}
-        if isinstance(cpu.get("functions"), list):
-            data.cpu_table(cpu["functions"], profile, session.calls_per_s())
-        return report
 
     async def _timeline(self, session: Session) -> dict[str, Any]:
         span = (session.last_report_t or 0.0) - (session.first_report_t or 0.0)
@@ -408,12 +389,12 @@ class Dashboard:
             raise BadRequest("metric is cpu or wall")
         if q.get("service") == "1":
             # the whole service (a pre-fork master and its workers), merged, from memory
-            from dyper.monitor.services import service_of, service_profile
+            from dyper.monitor.services import service_of
 
             service = service_of(self.monitor.sessions.values(), session)
             window = self._window(q.get("window", DEFAULT_WINDOW))
-            profile = service_profile(service, window)
-            base = service_profile(service, self._window(q["base"])) if q.get("base") else None
+            profile = build_profile(service, window)
+            base = build_profile(service, self._window(q["base"])) if q.get("base") else None
         else:
             profile = await self._profile(session, self._window(q.get("window", DEFAULT_WINDOW)))
             base = None

@@ -154,7 +154,7 @@ def wait_for(predicate, timeout: float = 15.0, interval: float = 0.1, what: str 
 
 def split_shares(profile_json: dict[str, object]) -> tuple[float, float]:
     """(heavy %, light %) of heavy+light total cpu samples."""
-    from dyper.monitor.profile import Profile
+    from dyper.monitor.model.profile import Profile
 
     p = Profile.from_json(profile_json)
     rows = {r["name"]: r["total"] for r in p.functions("cpu")}
@@ -167,7 +167,7 @@ def split_tolerance(profile_json: dict[str, object], truth_pct: float) -> float:
     """How far the sampled heavy share may be from the truth: 5 points, or 3.5
     standard errors of a share estimated from this many samples if that is more
     (a few hundred samples put one standard error at 2 to 2.5 points)."""
-    from dyper.monitor.profile import Profile
+    from dyper.monitor.model.profile import Profile
 
     p = Profile.from_json(profile_json)
     rows = {r["name"]: r["total"] for r in p.functions("cpu")}

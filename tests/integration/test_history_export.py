@@ -5,7 +5,7 @@ import json
 import time
 from collections import Counter
 
-from dyper.monitor.profile import Profile
+from dyper.monitor.model.profile import Profile
 from tests.integration.conftest import TARGETS, StandingMonitor, dyper, free_port, stop, wait_for
 from tests.integration.test_monitor import start_with_agent
 from tests.unit.test_exports import _html_data, _read_pprof

@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from dyper.monitor.profile import Profile
+from dyper.monitor.model.profile import Profile
 from tests.integration.conftest import TARGETS, dyper, free_port, load_json, wait_for
 
 pytest.importorskip("gunicorn", reason="gunicorn is a test dependency: pip install -e '.[test]'")

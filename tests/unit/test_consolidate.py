@@ -21,8 +21,8 @@ from dyper.monitor.consolidate import (
     report,
 )
 from dyper.monitor.exports import Collapsed
-from dyper.monitor.profile import Profile, StackCount
-from dyper.monitor.session import Frame
+from dyper.monitor.model.frames import Frame
+from dyper.monitor.model.profile import Profile, StackCount
 
 # Three sources where every number is known.
 #   A (10 samples): work 6 self, idle 4 self, main only on the stack.

@@ -17,7 +17,7 @@ import zmq
 
 from dyper.agent import protocol
 from dyper.agent.core import Agent
-from dyper.monitor.profile import Profile
+from dyper.monitor.profile import build_profile
 from dyper.monitor.report import report_of
 from tests.unit.test_session_profile import make_report, session_with
 
@@ -198,7 +198,7 @@ def test_a_reset_starts_the_whole_run_afresh_and_the_windows_keep_the_old():
     assert s.samples == 5
     assert s.reset_t == 1000.5
     assert s.duration_s() == pytest.approx(4.0)  # the agent's 14 s less the 10 s before the reset
-    p = Profile.from_session(s)
+    p = build_profile(s)
     assert {f["name"]: f["self"] for f in p.functions("cpu") if f["self"]} == {"g": 5}
     # The windows still hold the report before the reset: a slice over it shows f.
     assert sum(w.samples for w in s.windows) == 45

@@ -179,7 +179,7 @@ def test_a_native_burst_times_the_c_calls_of_each_candidate() -> None:
 
 
 def test_the_analyzer_says_which_c_call_takes_a_function_s_time() -> None:
-    analyzer = CpuAnalyzer(session=types.SimpleNamespace(counts={}, samples=0))
+    analyzer = CpuAnalyzer(session=types.SimpleNamespace(counts={}, samples=0, frames=types.SimpleNamespace(frames=[])))
     burst = {
         "native": {
             "functions": [["app.py", "handle", 10, 2.0], ["app.py", "other", 30, 1.0]],

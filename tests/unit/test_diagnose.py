@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from dyper.monitor.profile import Profile, StackCount
+from dyper.monitor.model.frames import Frame
+from dyper.monitor.model.profile import Profile, StackCount
 from dyper.monitor.search.calltree import CallTreeProfile
 from dyper.monitor.search.diagnose import Diagnosis, Step, classify_wait, diagnose, diagnose_tree
-from dyper.monitor.session import Frame
 
 APP = "/srv/app.py"
 THREADING = "/usr/lib/python3.11/threading.py"

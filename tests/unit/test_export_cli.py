@@ -8,8 +8,9 @@ import pytest
 
 from dyper.monitor.cli import main
 from dyper.monitor.exports import OwnJson
+from dyper.monitor.model.profile import Profile
 from dyper.monitor.pprof import profile_pb2
-from dyper.monitor.profile import Profile
+from dyper.monitor.profile import build_profile
 from tests.unit.test_exports import STACKS, _check_speedscope_schema, _html_data, expected
 from tests.unit.test_session_profile import make_report, session_with
 
@@ -17,7 +18,7 @@ from tests.unit.test_session_profile import make_report, session_with
 @pytest.fixture
 def saved(tmp_path):
     path = tmp_path / "prof.json"
-    OwnJson().write(Profile.from_session(session_with(make_report(STACKS))), path)
+    OwnJson().write(build_profile(session_with(make_report(STACKS))), path)
     return path
 
 
@@ -81,7 +82,7 @@ def test_export_options_and_mistakes(saved, tmp_path, capfd, monkeypatch):
     code, err = error(str(saved), "-o", "-")
     assert code == 2 and "give --format" in err
     empty = tmp_path / "empty.json"
-    OwnJson().write(Profile.from_session(session_with(make_report([(8, 5, [3])]))), empty)  # blocked: no cpu
+    OwnJson().write(build_profile(session_with(make_report([(8, 5, [3])]))), empty)  # blocked: no cpu
     code, err = error(str(empty), "-o", str(tmp_path / "x.html"))
     assert code == 1 and "no cpu samples" in err and not (tmp_path / "x.html").exists()
     code, err = error("999999", "--monitor", "tcp://127.0.0.1:1", "-o", str(tmp_path / "x.html"))

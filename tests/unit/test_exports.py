@@ -19,8 +19,9 @@ from dyper.monitor.exports import (
     exporter_for,
     exporter_named,
 )
+from dyper.monitor.model.profile import Profile
 from dyper.monitor.pprof import profile_pb2
-from dyper.monitor.profile import Profile
+from dyper.monitor.profile import build_profile
 from tests.unit.test_session_profile import make_report, session_with
 
 # main -> f (thread 7, 30); main -> f -> g (thread 7, 10); a blocked main (thread 8, 60: wall only);
@@ -30,7 +31,7 @@ STACKS = [(7, 30, [1, 0]), (7, 10, [2, 1, 0]), (8, 60, [3]), (7, 5, [4, 1, 0]), 
 
 @pytest.fixture
 def profile():
-    return Profile.from_session(session_with(make_report(STACKS)))
+    return build_profile(session_with(make_report(STACKS)))
 
 
 def expected(profile, metric, libraries=False, threads=True):
@@ -154,8 +155,8 @@ def test_pprof_decodes_to_the_same_samples_functions_and_locations(profile):
 
 
 def test_pprof_names_that_pprof_would_hide_get_their_module():
-    from dyper.monitor.profile import StackCount
-    from dyper.monitor.session import Frame
+    from dyper.monitor.model.frames import Frame
+    from dyper.monitor.model.profile import StackCount
 
     frames = [Frame("/srv/app.py", "<module>", 1, 3), Frame("/srv/app.py", "f.<locals>.<lambda>", 5, 5)]
     p = Profile(frames, [StackCount(1, (0, 1), 4, 4)], {1: "MainThread"}, {"pid": 1})
@@ -210,7 +211,7 @@ def test_html_flame_graph_round_trip_and_self_contained(profile, metric):
 
 
 def test_html_keeps_hostile_names_inert(profile):
-    from dyper.monitor.session import Frame
+    from dyper.monitor.model.frames import Frame
 
     profile.frames[1] = Frame("/app/x.py", "</script><script>alert(1)</script>&amp;", 10, 11)
     text = FlameGraphHtml("cpu").render(profile)

@@ -8,7 +8,7 @@ import pytest
 
 from dyper.agent import protocol
 from dyper.monitor.history import History, HistoryError, Retention, parse_size
-from dyper.monitor.profile import Profile
+from dyper.monitor.model.profile import Profile
 from dyper.monitor.server import Monitor
 from dyper.monitor.session import WINDOW_RETENTION_S
 from dyper.monitor.windows import WindowSpec

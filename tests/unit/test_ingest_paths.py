@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from dyper.agent import protocol
 from dyper.agent.protocol import LOC_AGENT, LOC_BLOCKING, LOC_LOCK
 from dyper.monitor.history import History, Retention
-from dyper.monitor.session import WINDOW_RETENTION_S, FrameTable, Session, StackKey
+from dyper.monitor.model.frames import StackKey
+from dyper.monitor.session import WINDOW_RETENTION_S, FrameTable, Session
 from dyper.proflets import cpu
 from dyper.proflets.base import KINDS, ReportView
 from dyper.proflets.io import IoAnalyzer

@@ -19,9 +19,10 @@ import pytest
 from dyper.agent.proflet import DetailContext, ReportContext
 from dyper.agent.protocol import LOC_BLOCKING, LOC_IO
 from dyper.agent.tables import _instructions, callee_name
+from dyper.monitor.model.libraries import library_roots
 from dyper.monitor.session import FrameTable, Session
 from dyper.proflets import io as iop
-from dyper.proflets.io import Hit, IoAnalyzer, IoCollector, classify, dotted_name, library_roots, load_routines, read_io
+from dyper.proflets.io import Hit, IoAnalyzer, IoCollector, classify, dotted_name, load_routines, read_io
 
 ROOTS = library_roots({"stdlib": "/usr/lib/python3.11", "purelib": "/usr/lib/python3.11/site-packages"})
 

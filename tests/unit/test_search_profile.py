@@ -19,7 +19,8 @@ from __future__ import annotations
 import pytest
 
 from dyper.monitor.exports import Collapsed
-from dyper.monitor.profile import Profile, StackCount
+from dyper.monitor.model.frames import Frame
+from dyper.monitor.model.profile import Profile, StackCount
 from dyper.monitor.search import (
     SUGGESTERS,
     CallTreeProfile,
@@ -34,7 +35,6 @@ from dyper.monitor.search import (
     function_key,
     zoom,
 )
-from dyper.monitor.session import Frame
 
 FIGURE_2 = """\
 a 1

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dyper.monitor.services import group, service_of, service_profile
+from dyper.monitor.profile import build_profile
+from dyper.monitor.services import group, service_of
 from dyper.monitor.session import FrameTable, Session
 from dyper.monitor.windows import WindowSpec
 
@@ -112,7 +113,7 @@ def test_the_service_profile_adds_up_every_members_samples() -> None:
     feed(w1, "handle", [10, 10, 10])
     feed(w2, "handle", [20, 20, 20])
     (service,) = group([master, w1, w2])
-    profile = service_profile(service)
+    profile = build_profile(service)
     by_name = {r["name"]: r for r in profile.functions("cpu")}
     assert by_name["handle"]["self"] == 90
     assert by_name["idle"]["self"] == 3
@@ -130,7 +131,7 @@ def test_the_service_profile_over_a_window_takes_each_members_last_reports() -> 
     feed(master, "idle", [1, 1, 1, 1])
     feed(worker, "handle", [5, 5, 5, 7], t0=2000.0)
     (service,) = group([master, worker])
-    profile = service_profile(service, WindowSpec.last(1.5))
+    profile = build_profile(service, WindowSpec.last(1.5))
     by_name = {r["name"]: r["self"] for r in profile.functions("cpu") if r["self"]}
     # the last 1.5 s of each: reports ending at t0+2 and t0+3
     assert by_name == {"idle": 2, "handle": 12}

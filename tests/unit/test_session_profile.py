@@ -4,8 +4,10 @@ import pytest
 
 from dyper.agent.protocol import LOC_BLOCKING
 from dyper.monitor.exports import Collapsed, OwnJson, Speedscope, exporter_for
-from dyper.monitor.profile import Profile
+from dyper.monitor.model.profile import Profile
+from dyper.monitor.profile import build_profile
 from dyper.monitor.session import FrameTable, Session, UnknownLocation
+from dyper.monitor.windows import WindowSpec
 
 HELLO = {
     "agent": "h:1:x",
@@ -67,7 +69,7 @@ def session_with(*reports):
 
 def test_functions_self_and_total_and_blocking_excluded_from_cpu():
     s = session_with(make_report([(7, 30, [1, 0]), (7, 10, [2, 1, 0]), (8, 60, [3])]))
-    p = Profile.from_session(s)
+    p = build_profile(s)
     assert p.total("wall") == 100 and p.total("cpu") == 40
     rows = {r["name"]: r for r in p.functions("cpu")}
     assert rows["f"]["self"] == 30 and rows["f"]["total"] == 40
@@ -79,20 +81,20 @@ def test_functions_self_and_total_and_blocking_excluded_from_cpu():
 
 def test_recursion_is_counted_once_in_total():
     s = session_with(make_report([(7, 10, [5, 5, 5, 0])]))
-    rows = {r["name"]: r for r in Profile.from_session(s).functions("cpu")}
+    rows = {r["name"]: r for r in build_profile(s).functions("cpu")}
     assert rows["r"]["total"] == 10 and rows["r"]["self"] == 10
 
 
 def test_lines_and_floor():
     s = session_with(make_report([(7, 995, [1, 0]), (7, 4, [2, 0]), (7, 1, [0])]))
-    p = Profile.from_session(s)
+    p = build_profile(s)
     lines = {(r["name"], r["line"]) for r in p.lines("cpu", floor_pct=0.5)}
     assert ("f", 11) in lines and ("g", 21) not in lines  # 0.4% is under the floor
 
 
 def test_library_time_charged_to_calling_app_line():
     s = session_with(make_report([(7, 10, [4, 1, 0])]))
-    p = Profile.from_session(s)
+    p = build_profile(s)
     plain = {r["name"]: r["self"] for r in p.functions("cpu")}
     charged = {r["name"]: r["self"] for r in p.functions("cpu", charge_libraries=True)}
     assert plain == {"dumps": 10, "f": 0, "main": 0}
@@ -109,14 +111,14 @@ def test_unknown_location_changes_nothing():
 
 def test_time_windows():
     s = session_with(make_report([(7, 10, [1, 0])], t=1000.0), make_report([(7, 5, [2, 0])], seq=1, t=1030.0))
-    recent = Profile.from_session(s, window_s=10.0)
+    recent = build_profile(s, WindowSpec.last(10.0))
     assert {r["name"] for r in recent.functions("cpu") if r["self"]} == {"g"}
-    assert Profile.from_session(s).total("cpu") == 15
+    assert build_profile(s).total("cpu") == 15
 
 
 def test_tree_totals():
     s = session_with(make_report([(7, 30, [1, 0]), (7, 10, [2, 1, 0])]))
-    root = Profile.from_session(s).tree("cpu")
+    root = build_profile(s).tree("cpu")
     (main,) = root.children.values()
     (f,) = main.children.values()
     assert (root.total, main.total, f.total, f.self) == (40, 40, 40, 30)
@@ -124,7 +126,7 @@ def test_tree_totals():
 
 def test_exports(tmp_path):
     s = session_with(make_report([(7, 30, [1, 0]), (7, 10, [2, 1, 0]), (8, 60, [3])]))
-    p = Profile.from_session(s)
+    p = build_profile(s)
     folded = Collapsed().render(p).splitlines()
     assert "main (/app/app.py:2);f (/app/app.py:11) 30" in folded
     assert "main (/app/app.py:2);f (/app/app.py:11);g (/app/app.py:21) 10" in folded

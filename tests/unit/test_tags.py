@@ -9,9 +9,9 @@ import pytest
 
 from dyper import agent
 from dyper.agent.protocol import TAG_FILE
-from dyper.monitor.profile import Profile, StackCount
+from dyper.monitor.model.frames import Frame
+from dyper.monitor.model.profile import Profile, StackCount
 from dyper.monitor.report import report_of
-from dyper.monitor.session import Frame
 
 
 def test_a_tagged_function_runs_under_a_frame_named_for_the_tag():

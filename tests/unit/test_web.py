@@ -9,9 +9,9 @@ import urllib.request
 
 import pytest
 
-from dyper.monitor.profile import Profile, StackCount
+from dyper.monitor.model.frames import Frame
+from dyper.monitor.model.profile import Profile, StackCount
 from dyper.monitor.server import Monitor
-from dyper.monitor.session import Frame
 from dyper.monitor.web import data
 from dyper.monitor.web.server import Dashboard, is_loopback, parse_http
 
@@ -50,16 +50,6 @@ def test_flame_data_and_its_difference():
     main = diff["tree"][3][0][3][0]
     a, b = sorted(main[3], key=lambda n: diff["frames"][n[0]][0])
     assert (a[2], a[4]) == (30, 10) and (b[2], b[4]) == (10, 30)
-
-
-def test_cpu_table_adds_figure_6_columns():
-    profile = _profile(30, 10)
-    rows = profile.functions("cpu")
-    data.cpu_table(rows, profile, {("/app/main.py", "a", 5): 100.0})
-    a = next(r for r in rows if r["name"] == "a")
-    assert a["base_s"] == pytest.approx(30 * 10.0 / 40)
-    assert a["count"] == 1000 and a["ms_per_call"] == pytest.approx(1000 * a["total_s"] / 1000)
-    assert "count" not in next(r for r in rows if r["name"] == "b")
 
 
 def test_findings_name_the_application_function_and_merge_alike():

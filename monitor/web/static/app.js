@@ -32,6 +32,7 @@
     if (typeof n !== "number") return String(n);
     if (Number.isInteger(n)) return fmtInt(n);
     var a = Math.abs(n);
+    if (a > 0 && a < 0.001) return n.toPrecision(2);  // a time per call in seconds, say
     return n.toFixed(digits !== undefined ? digits : a >= 100 ? 1 : a >= 1 ? 2 : 3);
   }
   function pct(x, digits) { return x === null || x === undefined ? "" : (100 * x).toFixed(digits === undefined ? 2 : digits) + "%"; }
@@ -79,8 +80,8 @@
 
   var LABELS = {
     name: "Name", self: "Base samples", total: "Total samples", self_pct: "Base %", total_pct: "Total %",
-    base_s: "Base time (s)", total_s: "Total time (s)", count: "Count", calls_per_s: "Calls/s",
-    ms_per_call: "Time/call (ms)", wall_self_pct: "Wall base %"
+    self_s: "Base time (s)", total_s: "Total time (s)", count: "Count", calls: "Calls", calls_per_s: "Calls/s",
+    s_per_call: "Time/call (s)", wall_self_pct: "Wall base %"
   };
   var sortState = {};  // table id -> [key, ascending]; kept across live refreshes
 
@@ -658,7 +659,7 @@
     updateAsyncio(s.asyncio);
     var cpu = (s.proflets && s.proflets.cpu && s.proflets.cpu.functions) || [];
     var top = clear(document.getElementById("top-functions"));
-    top.appendChild(sortableTable("top", cpu, { limit: 8, columns: ["name", "self_pct", "total_pct", "base_s", "calls_per_s"],
+    top.appendChild(sortableTable("top", cpu, { limit: 8, columns: ["name", "self_pct", "total_pct", "self_s", "calls_per_s"],
       empty: "no CPU samples in this window yet" }));
     updateFindings();
   }
@@ -718,7 +719,8 @@
 
   // --- detail views: cpu (Figure 6) and any other proflet ------------------------------------------------
 
-  var CPU_COLUMNS = ["name", "base_s", "self_pct", "total_s", "total_pct", "count", "calls_per_s", "ms_per_call"];
+  // the cpu rows' columns as monitor/model/profile.py (cpu_functions) names them, the same in `dyper report --json`
+  var CPU_COLUMNS = ["name", "self_s", "self_pct", "total_s", "total_pct", "calls", "calls_per_s", "s_per_call"];
 
   function updateCpu() {
     var body = document.getElementById("proflet-body"), s = state.summary;

@@ -1,0 +1,128 @@
+"""The dashboard and ``dyper report --json`` agree: one builder, one report, one number and one name.
+
+A monitor holds one process fed with synthetic reports (in-process: no socket,
+no subprocess). For the same window, the control path's ``report`` op (what
+``dyper report PID --json`` prints) and the dashboard's summary (``/api/summary``)
+must give the same lights and the same cpu rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from dyper.agent import protocol
+from dyper.agent.protocol import LOC_BLOCKING
+from dyper.monitor.model.frames import Frame
+from dyper.monitor.model.lights import cpu_light
+from dyper.monitor.model.profile import Profile, StackCount, cpu_functions
+from dyper.monitor.report import report_of
+from dyper.monitor.server import Monitor
+from dyper.monitor.session import Session
+from dyper.monitor.web.server import Dashboard
+
+PID = 4242
+HELLO: dict[str, Any] = {
+    "agent": f"h:{PID}:a",
+    "host": "h",
+    "pid": PID,
+    "start_time": 100.0,
+    "argv": ["python", "app.py"],
+    "python": "3.11.7",
+    "budget": 0.01,
+    "cpus": 2,
+    "paths": {"stdlib": "/usr/lib/python3.11"},
+}
+
+
+def _report(seq: int, hot: int, sleeping: int) -> dict[str, Any]:
+    """main -> hot (app.py) on the CPU ``hot`` times, main asleep ``sleeping`` times; a cpu call burst."""
+    return {
+        "agent": HELLO["agent"],
+        "seq": seq,
+        "epoch": 0,
+        "t": 1000.0 + seq,
+        "window_s": 1.0,
+        "strings": [[0, "/app/app.py"], [1, "main"], [2, "hot"], [3, "other"]],
+        "locs": [[0, 0, 1, 1, 2, 0], [1, 0, 2, 10, 11, 0], [2, 0, 1, 1, 3, LOC_BLOCKING], [3, 0, 3, 20, 21, 0]],
+        "stacks": [[7, hot, [1, 0]], [8, sleeping, [2]], [7, 2, [3, 0]]],
+        "samples": hot + 2 + sleeping,
+        "threads": [[7, "MainThread"], [8, "sleeper"]],
+        "spent_s": 0.001 * seq,
+        "elapsed_s": 1.0 * seq,
+        "budget": 0.01,
+        "details": [
+            {"proflet": "cpu", "t": 1000.0 + seq, "length_s": 0.5, "fixed_s": 0.0, "slowdown_s": 0.0,
+             "functions": [["/app/app.py", "hot", 10, 50 * seq]]}
+        ],
+    }  # fmt: skip
+
+
+def _monitor() -> tuple[Monitor, Session]:
+    monitor = Monitor("tcp://127.0.0.1:0")  # not started: no socket is opened
+    session = Session(("h", PID, 100.0), HELLO, monitor.frames)
+    state = session.add_agent(HELLO)
+    for seq in range(1, 13):
+        session.ingest(state, _report(seq, hot=20 + seq, sleeping=10))
+    monitor.sessions[session.key] = session
+    return monitor, session
+
+
+def _cli_report(monitor: Monitor, **args: Any) -> dict[str, Any]:
+    """What ``dyper report PID --json`` prints: the monitor's answer to the report op."""
+    reply = monitor._on_ctl(b"cli", {"id": 1, "op": "report", "args": {"pid": PID, **args}})
+    assert reply is not None
+    _, body = protocol.decode(reply, max_containers=1 << 20)
+    assert body["ok"], body
+    result: dict[str, Any] = body["result"]
+    return result
+
+
+def _dashboard_summary(monitor: Monitor, session: Session, window: str) -> dict[str, Any]:
+    dashboard = Dashboard(monitor)  # not started: no socket is opened
+    return asyncio.run(dashboard.summary(session, window))
+
+
+@pytest.mark.parametrize(("cli_args", "window"), [({}, ""), ({"window_s": 5.0}, "-5s:")])
+def test_the_dashboard_and_dyper_report_agree(cli_args: dict[str, Any], window: str) -> None:
+    monitor, session = _monitor()
+    cli = _cli_report(monitor, **cli_args)
+    web = _dashboard_summary(monitor, session, window)
+    # every proflet's light, not only the cpu one, and the same numbers
+    assert len(cli["status"]) > 1 and "cpu" in cli["status"]
+    assert web["status"] == cli["status"]
+    assert web["findings"] == cli["findings"] and web["off"] == cli["off"]
+    assert web["proflets"]["cpu"] == cli["proflets"]["cpu"]
+    assert set(web["proflets"]) == set(cli["proflets"])
+    rows = {r["name"]: r for r in cli["proflets"]["cpu"]["functions"]}
+    # the cpu light is the busy share: cpu samples per sampling pass, over the whole run
+    busy = sum(20 + s + 2 for s in range(1, 13)) / sum(20 + s + 2 + 10 for s in range(1, 13))
+    assert cli["status"]["cpu"]["problem"] == pytest.approx(busy, abs=1e-3)
+    # the cpu rows, named once; calls where detailing counted them
+    hot = rows["hot"]
+    assert {"self_s", "total_s", "calls", "calls_per_s", "counted_s", "s_per_call"} <= set(hot)
+    assert hot["calls_per_s"] == pytest.approx(sum(50 * s for s in range(1, 13)) / (0.5 * 12))
+    assert hot["calls"] == round(hot["calls_per_s"] * cli["process"]["duration_s"])
+    assert rows["other"]["calls"] is None and rows["other"]["s_per_call"] is None
+    if window:
+        assert cli["process"]["duration_s"] == pytest.approx(5.0)
+
+
+def test_cpu_rows_carry_seconds_from_the_sampling_interval_and_calls_from_detailing() -> None:
+    frames = [Frame("/app/main.py", "main", 1, 2), Frame("/app/main.py", "a", 5, 6), Frame("/app/main.py", "b", 9, 10)]
+    stacks = [StackCount(1, (0, 1), 30, 30), StackCount(1, (0, 2), 10, 10)]
+    profile = Profile(frames, stacks, {1: "MainThread"}, {"window_s": 10.0, "samples": 40})
+    rows = {r["name"]: r for r in cpu_functions(profile, {("/app/main.py", "a", 5): (100.0, 2.0)})}
+    a = rows["a"]
+    assert a["self_s"] == pytest.approx(30 * 10.0 / 40) and a["total_s"] == pytest.approx(30 * 10.0 / 40)
+    assert a["calls"] == 1000 and a["counted_s"] == 2.0 and a["s_per_call"] == pytest.approx(a["total_s"] / 1000)
+    assert rows["b"]["calls"] is None and rows["b"]["s_per_call"] is None
+
+
+def test_a_bare_profile_s_report_has_the_analyzer_s_cpu_light() -> None:
+    # A saved profile without the proflets' sections: the light is the same busy share.
+    frames = [Frame("/app/main.py", "main", 1, 2)]
+    profile = Profile(frames, [StackCount(1, (0,), 50, 30)], {1: "MainThread"}, {"duration_s": 5.0, "samples": 50})
+    assert report_of(profile)["status"]["cpu"] == cpu_light(30, 50).to_json()
