@@ -1188,7 +1188,9 @@ class Agent:
             if kind.poll is not Collector.poll:
                 self._on_poll.append(collector)
                 self._next_poll[name] = self.clock()
-            if kind.report is not Collector.report:
+            # The report pass also charges the always-on hooks' cost: a collector with
+            # hooks but nothing to report must still be in it, or they go uncharged.
+            if kind.report is not Collector.report or kind.basic_cost_s is not Collector.basic_cost_s:
                 self._on_report.append(collector)
             if collector.WANTS_ACTIVITY:
                 self._activity = [0] * ACTIVITY_SLOTS

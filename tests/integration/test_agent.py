@@ -221,3 +221,34 @@ def test_always_on_hook_costs_are_charged_and_reported(monitor_thread):
     wait_for(lambda: not session.connected, what="the agent's goodbye")
     (state,) = session.agents.values()
     assert state.spent_s >= sum(session.costs.values()) - 0.001
+
+
+class _HookedSilent(Collector):
+    """Always-on hooks, a pass of its own and nothing to report: 1 ms per pass."""
+
+    name = "hooked_silent"
+
+    def __init__(self) -> None:
+        self.passes = 0
+
+    def poll(self, now: float, budget: float, wake_s: float) -> float:
+        self.passes += 1
+        return 0.05
+
+    def basic_cost_s(self) -> float:
+        return 0.001 * self.passes
+
+
+def test_hook_costs_of_a_collector_that_reports_nothing_are_charged(monitor_thread):
+    # core.py once charged basic costs only in the report pass of collectors that
+    # override report(): this one's hooks would cost the application unseen.
+    silent = _HookedSilent()
+    agent.start(monitor_thread.endpoint, "5%", proflets=(silent,))
+    try:
+        m = monitor_thread.monitor
+        wait_for(lambda: m.session_for(os.getpid()) is not None, what="the agent's hello")
+        wait_for(lambda: m.session_for(os.getpid()).costs.get("basic", 0.0) >= 0.003, what="basic in the costs")
+        a = agent._agent
+        assert a is not None and a.guard.spent_by["basic"] > 0
+    finally:
+        agent.stop()
