@@ -17,16 +17,8 @@ from rich.console import Console
 from dyper.agent.proflet import DetailContext
 from dyper.monitor.commands.report import _heap
 from dyper.proflets.base import ReportView
-from dyper.proflets.heap import (
-    LEAK_CENSUSES,
-    MAX_PAUSE_MS,
-    TABLE_ROWS,
-    HeapAnalyzer,
-    HeapCollector,
-    growth,
-    max_pause_ms,
-    type_name,
-)
+from dyper.proflets.heap.analyzer import LEAK_CENSUSES, TABLE_ROWS, HeapAnalyzer, growth
+from dyper.proflets.heap.collector import MAX_PAUSE_MS, HeapCollector, max_pause_ms, type_name
 
 HERE = __name__
 
