@@ -30,6 +30,9 @@ TABLES: Final[dict[str, TableSpec]] = {
             column("io_s", "Io (s)"),
             column("seconds", "Seconds"),
             column("samples", "Samples"),
+            column("switches_per_s", "Switches per (s)"),
+            column("waits", "Waits"),
+            column("runqueue_pct", "Runqueue %", "pct"),
         ],
     },
 }
