@@ -118,3 +118,17 @@ def test_a_proflet_without_a_render_module_is_shown_by_the_generic_renderer(
     assert "slowsql: queries" in text and "statement" in text and "SELECT 1" in text and "12.5" in text
     assert "timing: active threads 1.00" in text  # a built-in's own renderer, before the plug-in
     assert text.index("timing:") < text.index("slowsql:")
+
+
+def test_the_dashboard_gets_each_built_in_s_table_descriptions() -> None:
+    from dyper.monitor.web.data import table_descriptions
+    from dyper.proflets.display import FORMATS
+
+    tables = table_descriptions([*proflets.BUILTINS, "not_installed"])
+    assert "not_installed" not in tables  # shown generically
+    assert [c["key"] for c in tables["cpu"]["functions"]["columns"]][:3] == ["name", "self_s", "self_pct"]
+    for name, specs in tables.items():
+        for key, spec in specs.items():
+            assert spec["title"] and spec["columns"], (name, key)
+            for c in spec["columns"]:
+                assert c["format"] in FORMATS and c["title"], (name, key, c)
