@@ -132,3 +132,13 @@ def test_the_dashboard_gets_each_built_in_s_table_descriptions() -> None:
             assert spec["title"] and spec["columns"], (name, key)
             for c in spec["columns"]:
                 assert c["format"] in FORMATS and c["title"], (name, key, c)
+
+
+def test_every_proflet_package_is_installed() -> None:
+    # A package missing from [tool.setuptools] packages works from the checkout and is absent from the wheel.
+    root = Path(__file__).resolve().parents[2]
+    pyproject = tomllib.loads((root / "pyproject.toml").read_text())
+    listed = set(pyproject["tool"]["setuptools"]["packages"])
+    found = {"dyper.proflets." + p.parent.name for p in (root / "proflets").glob("*/__init__.py")}
+    assert found and found <= listed, sorted(found - listed)
+    assert "io_routines.toml" in pyproject["tool"]["setuptools"]["package-data"]["dyper.proflets.io"]
