@@ -40,6 +40,7 @@ TABLES: Final[dict[str, TableSpec]] = {
 
 
 def terminal(console: Console, section: Mapping[str, Any], limit: int) -> None:
+    """Functions by self and total share of the CPU samples, and the C calls inside the hottest (native time)."""
     table = Table(title="cpu: functions (self and total share of CPU samples)", header_style="bold")
     for col in ("self %", "total %", "calls", "calls/s", "function", "where"):
         table.add_column(col, justify="right" if col[0] in "stc" and col != "function" else "left")

@@ -51,6 +51,7 @@ def kb_per_s(v: Any) -> str:
 
 
 def terminal(console: Console, section: Mapping[str, Any], limit: int) -> None:
+    """The threads' share of time in I/O and the bytes moved; the I/O routines with their callers; per thread."""
     console.print(
         f"[bold]io:[/] {pct(section.get('io_pct'))}% of the threads' time in I/O; read "
         f"{kb_per_s(section.get('read_bytes_per_s'))}, written {kb_per_s(section.get('write_bytes_per_s'))}"

@@ -39,6 +39,7 @@ TABLES: Final[dict[str, TableSpec]] = {
 
 
 def terminal(console: Console, section: Mapping[str, Any], limit: int) -> None:
+    """Where each thread's time goes: running, the GIL, blocked, waiting, I/O, sleeping; who blocks it."""
     table = Table(title="threads: where each thread's time goes (% of its time)", header_style="bold")
     cols = ("thread", "run", "gil", "block", "wait", "io", "sleep", "blocked by", "run s", "waits")
     for col in cols:

@@ -24,6 +24,7 @@ TABLES: Final[dict[str, TableSpec]] = {
 
 
 def terminal(console: Console, section: Mapping[str, Any], limit: int) -> None:
+    """Active threads against the processors, the cores used, and each thread's CPU seconds."""
     console.print(
         f"[bold]timing:[/] active threads {section['active_threads_mean']:.2f} ± {section['active_threads_std']:.2f}"
         f" on {section['cpus']} processors; cores used {section['cores_used']:.2f}"
