@@ -343,7 +343,7 @@ def _load_collectors(names: tuple[str | Collector, ...] | None, off: dict[str, s
             collectors[name.name] = name
             continue
         try:
-            module = proflets.load(name, available.get(name, ""))
+            module = proflets.load(name, available.get(name, ""), "collector")
             cls = getattr(module, "COLLECTOR", None)
             if cls is None:
                 continue  # a monitor-only proflet

@@ -1,10 +1,11 @@
 """The agent half of a proflet: the collector that runs inside the target.
 
-A proflet is one module with two halves (DYPER section 5): this collector,
-which runs in the target, and an analyzer (:class:`proflets.base.Analyzer`)
-in the monitor, which merges what the collector reports. A proflet module
-names them ``COLLECTOR`` and ``ANALYZER`` and registers under the
-``dyper.proflets`` entry-point group (see :mod:`proflets`).
+A proflet has two halves (DYPER section 5): this collector, which runs in
+the target, and an analyzer (:class:`dyper.proflets.base.Analyzer`) in the
+monitor, which merges what the collector reports. A proflet package names
+them ``COLLECTOR`` in its ``collector`` module (all the target imports) and
+``ANALYZER`` in its ``analyzer`` module, and registers under the
+``dyper.proflets`` entry-point group (see :mod:`dyper.proflets`).
 
 A collector has four hooks, all optional no-ops; the agent calls only those
 a collector overrides, so an unused hook costs nothing:

@@ -33,7 +33,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from dyper.proflets import tasks as tasks_proflet  # noqa: E402
+from dyper.proflets.tasks import collector as tasks_proflet  # noqa: E402
 
 SERVICE = str(REPO / "bench" / "workloads" / "async_service.py")
 

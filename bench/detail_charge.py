@@ -56,7 +56,7 @@ def case(name: str) -> tuple[Callable[[], object], list[Any], int]:
 
 def child(name: str, repeats: int) -> dict[str, Any]:
     from dyper.agent.proflet import DetailContext
-    from dyper.proflets.cpu import CpuCollector
+    from dyper.proflets.cpu.collector import CpuCollector
 
     fn, candidates, n = case(name)
 

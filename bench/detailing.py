@@ -35,7 +35,7 @@ from collections.abc import Callable
 sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])
 
 from dyper.agent.proflet import DetailContext
-from dyper.proflets.cpu import CpuCollector, frame_hook
+from dyper.proflets.cpu.collector import CpuCollector, frame_hook
 
 # --- the workload: call-heavy, a dozen small functions -------------------------------
 
@@ -115,7 +115,7 @@ def run_selective(n: int, lines: bool) -> float:
 
 
 def run_python_counter(n: int) -> float:
-    from dyper.proflets import cpu as cpu
+    from dyper.proflets.cpu import collector as cpu
 
     real = cpu.call_counter
     cpu.call_counter = cpu.PyCallCounter

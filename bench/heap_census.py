@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, __file__.rsplit("/bench/", 1)[0])
 
-from dyper.proflets.heap import MAX_PAUSE_MS, HeapCollector
+from dyper.proflets.heap.collector import MAX_PAUSE_MS, HeapCollector
 
 
 class Item:

@@ -28,7 +28,7 @@ from dyper.monitor.model.profile import Profile
 from dyper.monitor.services import Service
 from dyper.monitor.session import Session, Slice, merge_counts
 from dyper.monitor.windows import WindowSpec
-from dyper.proflets.tasks import TasksAnalyzer
+from dyper.proflets.tasks.analyzer import TasksAnalyzer
 
 if TYPE_CHECKING:
     from dyper.monitor.history import History

@@ -969,7 +969,7 @@ def analyzer_classes() -> tuple[dict[str, type[Analyzer]], dict[str, str]]:
         failed: dict[str, str] = {}
         for name, module in proflets.available().items():
             try:
-                cls = getattr(proflets.load(name, module), "ANALYZER", None)
+                cls = getattr(proflets.load(name, module, "analyzer"), "ANALYZER", None)
             except Exception as exc:  # one broken plug-in must not take the monitor down
                 failed[name] = f"{type(exc).__name__}: {exc}"
                 continue

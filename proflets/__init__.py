@@ -1,12 +1,23 @@
-"""Proflets: the analyses, one module each, found through an entry-point group.
+"""Proflets: the analyses, one package each, found through an entry-point group.
 
-A proflet module defines ``COLLECTOR`` (an :class:`agent.proflet.Collector`
-subclass, run in the target; None if the proflet needs nothing there) and
-``ANALYZER`` (a :class:`proflets.base.Analyzer` subclass, run in the
-monitor), and is registered in its distribution's metadata::
+A proflet is a package registered in its distribution's metadata::
 
     [project.entry-points."dyper.proflets"]
     slowsql = "myapp.slowsql"
+
+holding up to three parts, each loaded only where it runs:
+
+- ``collector`` defines ``COLLECTOR`` (an :class:`dyper.agent.proflet.Collector`
+  subclass): what runs in the target, which imports this module alone, never
+  the other parts;
+- ``analyzer`` defines ``ANALYZER`` (a :class:`dyper.proflets.base.Analyzer`
+  subclass): what runs in the monitor;
+- ``render`` (optional) shows the analyzer's results: ``terminal()`` for
+  ``dyper report`` and ``TABLES``, the dashboard's description of its tables
+  (:mod:`dyper.proflets.display`); without it the generic renderer shows them.
+
+A part a package lacks is looked up on the package itself, so a single module
+defining ``COLLECTOR`` and ``ANALYZER`` is a proflet too (the older form).
 
 The built-ins register the same way (see pyproject.toml). They are also
 known here by name (:data:`BUILTINS`, the same table: a test holds it to
@@ -57,8 +68,27 @@ def available(wanted: Iterable[str] | None = None) -> dict[str, str]:
     return found
 
 
-def load(name: str, module: str | None = None) -> ModuleType:
-    """Import the proflet module ``name`` (raises ImportError/KeyError if it is not there)."""
+#: The parts of a proflet package (see the module's docstring).
+PARTS: Final = ("collector", "analyzer", "render")
+
+
+def load(name: str, module: str | None = None, part: str | None = None) -> ModuleType:
+    """Import the proflet ``name`` (raises ImportError/KeyError if it is not there), or only its ``part``.
+
+    ``part`` is one of :data:`PARTS`: a package's module of that name, or the
+    proflet's own module when it has none (a single-module proflet, or a
+    package without that part, e.g. no collector for a monitor-only proflet).
+    """
     if module is None:
         module = available()[name]
-    return importlib.import_module(module)
+    top = importlib.import_module(module)
+    if part is None or not hasattr(top, "__path__"):
+        return top
+    if part not in PARTS:
+        raise ValueError(f"{part!r} is not a part of a proflet ({', '.join(PARTS)})")
+    try:
+        return importlib.import_module(f"{top.__name__}.{part}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{top.__name__}.{part}":
+            raise  # the part is there but imports something that is not
+        return top

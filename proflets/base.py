@@ -15,7 +15,7 @@ Analyzers keep per-report rows, bounded, so any recent window can be
 summed, plus whole-run totals; :meth:`state` / :meth:`restore` carry the
 totals through the monitor's history.
 
-This module is imported in the target too (proflet modules import it), so
+This module is imported in the target too (collectors use its helpers), so
 it imports nothing from the monitor but the model's lights (no dependencies).
 """
 

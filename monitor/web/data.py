@@ -8,13 +8,16 @@ carries the report :func:`dyper.monitor.report.report_of` makes of the
 window's profile (built with the proflets' sections), the same report
 ``dyper report --json`` prints. The page renders every list of dicts under
 ``proflets`` as a sortable table, so a new proflet shows up without a
-dashboard change.
+dashboard change: with the columns, headings and formats its render module
+describes (``TABLES``, :mod:`dyper.proflets.display`; the summary carries
+them, :func:`table_descriptions`), or one column per key without one.
 """
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from dyper.agent.budget import slowdown
@@ -22,6 +25,31 @@ from dyper.monitor.flame import flame_tree
 from dyper.monitor.model.profile import Metric, Profile
 from dyper.monitor.search.repl import short_name
 from dyper.monitor.session import same_process
+from dyper.proflets.display import TableSpec
+
+# --- the proflets' tables ------------------------------------------------------------------
+
+
+def table_descriptions(names: Iterable[str]) -> dict[str, dict[str, TableSpec]]:
+    """Proflet name -> its tables' descriptions (its render module's ``TABLES``), for those that give any."""
+    out: dict[str, dict[str, TableSpec]] = {}
+    for name in names:
+        tables = _tables_of(name)
+        if tables:
+            out[name] = tables
+    return out
+
+
+@functools.cache
+def _tables_of(name: str) -> dict[str, TableSpec]:
+    from dyper import proflets
+
+    try:
+        tables = getattr(proflets.load(name, None, "render"), "TABLES", None)
+    except Exception:  # not installed here, or broken: the page shows its results generically
+        return {}
+    return dict(tables) if isinstance(tables, Mapping) else {}
+
 
 # --- overhead over time --------------------------------------------------------------------
 

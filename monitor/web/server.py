@@ -309,6 +309,8 @@ class Dashboard:
             },
             "status": report.get("status", {}),
             "proflets": report.get("proflets", {}),
+            # how the page draws each proflet's tables: its render module's description
+            "tables": data.table_descriptions(report.get("proflets", {})),
             # proflets' own noteworthy lines (leak suspects, GIL contention...) and the ones switched off
             "findings": report.get("findings", []),
             "off": report.get("off", {}),

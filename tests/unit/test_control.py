@@ -111,7 +111,7 @@ def test_a_paused_agent_takes_its_gc_callback_out_and_puts_it_back_on_resume():
     # nothing of ours may run in the application's threads.
     import gc
 
-    from dyper.proflets.memory import MemoryCollector
+    from dyper.proflets.memory.collector import MemoryCollector
 
     monitor = Monitor()
     memory = MemoryCollector()

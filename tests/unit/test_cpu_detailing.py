@@ -20,14 +20,8 @@ import pytest
 
 from dyper.agent import _fastsample
 from dyper.agent.proflet import DetailContext
-from dyper.proflets.cpu import (
-    LOSS_FACTOR_MAX,
-    CpuAnalyzer,
-    CpuCollector,
-    PyCallCounter,
-    call_counter,
-    loss_ratio,
-)
+from dyper.proflets.cpu.analyzer import CpuAnalyzer
+from dyper.proflets.cpu.collector import LOSS_FACTOR_MAX, CpuCollector, PyCallCounter, call_counter, loss_ratio
 
 
 def hot(x: int) -> int:
@@ -335,7 +329,7 @@ def test_a_yappi_burst_is_charged_its_slow_path_under_code_that_calls_nothing() 
 
 
 def test_a_thread_s_calls_are_slowed_as_far_as_its_pace_lets_them_be() -> None:
-    from dyper.proflets.cpu import GAIN_MAX, thread_gains
+    from dyper.proflets.cpu.collector import GAIN_MAX, thread_gains
 
     # 1 s before the burst, 0.5 s of burst; the slow path takes half of bytecode's time
     before, start = (10.0, {1: 0.0, 2: 0.0, 3: 0.0, 4: 0.0, 6: 0.0}), (11.0, {1: 0.25, 2: 0.2, 3: 0.2, 4: 0.0, 6: 0.2})
@@ -481,7 +475,7 @@ def test_a_child_forked_during_a_frame_hook_burst_runs_without_the_hook() -> Non
         from dyper import agent
         from dyper.agent import _fastsample as f
         from dyper.agent.proflet import DetailContext
-        from dyper.proflets.cpu import CpuCollector
+        from dyper.proflets.cpu.collector import CpuCollector
 
         def hot(x):
             return x

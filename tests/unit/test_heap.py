@@ -15,18 +15,10 @@ import pytest
 from rich.console import Console
 
 from dyper.agent.proflet import DetailContext
-from dyper.monitor.commands.report import _heap
 from dyper.proflets.base import ReportView
-from dyper.proflets.heap import (
-    LEAK_CENSUSES,
-    MAX_PAUSE_MS,
-    TABLE_ROWS,
-    HeapAnalyzer,
-    HeapCollector,
-    growth,
-    max_pause_ms,
-    type_name,
-)
+from dyper.proflets.heap.analyzer import LEAK_CENSUSES, TABLE_ROWS, HeapAnalyzer, growth
+from dyper.proflets.heap.collector import MAX_PAUSE_MS, HeapCollector, max_pause_ms, type_name
+from dyper.proflets.heap.render import terminal as heap_terminal
 
 HERE = __name__
 
@@ -259,14 +251,14 @@ def test_the_real_collector_finds_a_leak_in_this_process() -> None:
 
 def test_the_table_reads_well() -> None:
     console = Console(record=True, width=140)
-    _heap(console, _fed().results(), limit=5)
+    heap_terminal(console, _fed().results(), limit=5)
     text = console.export_text()
     assert "myapp.Session" in text and "leak? (9 censuses)" in text and "+1,200" in text
     assert "censuses" in text and "maximum pause 200 ms" in text
     console = Console(record=True, width=140)
     skipped = HeapAnalyzer()
     skipped.merge_detail({"skipped": "expected 900 ms, more than the maximum pause of 200 ms", "max_pause_ms": 200.0})
-    _heap(console, skipped.results(), limit=5)
+    heap_terminal(console, skipped.results(), limit=5)
     assert "heap census skipped: expected 900 ms" in console.export_text()
 
 

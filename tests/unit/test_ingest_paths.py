@@ -23,10 +23,10 @@ from dyper.agent.protocol import LOC_AGENT, LOC_BLOCKING, LOC_LOCK
 from dyper.monitor.history import History, Retention
 from dyper.monitor.model.frames import StackKey
 from dyper.monitor.session import WINDOW_RETENTION_S, FrameTable, Session
-from dyper.proflets import cpu
 from dyper.proflets.base import KINDS, ReportView
-from dyper.proflets.io import IoAnalyzer
-from dyper.proflets.threads import ThreadsAnalyzer
+from dyper.proflets.cpu import analyzer as cpu
+from dyper.proflets.io.analyzer import IoAnalyzer
+from dyper.proflets.threads.analyzer import ThreadsAnalyzer
 from tests.unit import test_io as io_case
 from tests.unit.test_fuzz_intake import broken_reports, report_bodies
 from tests.unit.test_session_profile import HELLO, make_report

@@ -21,8 +21,11 @@ from dyper.agent.protocol import LOC_BLOCKING, LOC_IO
 from dyper.agent.tables import _instructions, callee_name
 from dyper.monitor.model.libraries import library_roots
 from dyper.monitor.session import FrameTable, Session
-from dyper.proflets import io as iop
-from dyper.proflets.io import Hit, IoAnalyzer, IoCollector, classify, dotted_name, load_routines, read_io
+from dyper.proflets.base import ReportView
+from dyper.proflets.io import common as iop
+from dyper.proflets.io.analyzer import IoAnalyzer
+from dyper.proflets.io.collector import IoCollector, read_io
+from dyper.proflets.io.common import Hit, classify, dotted_name, load_routines
 
 ROOTS = library_roots({"stdlib": "/usr/lib/python3.11", "purelib": "/usr/lib/python3.11/site-packages"})
 
@@ -357,7 +360,7 @@ def test_a_new_collector_starts_its_own_differences() -> None:
     s = _session()
     analyzer = s.analyzers["io"]
     assert isinstance(analyzer, IoAnalyzer)
-    view = iop.ReportView(t=1003.0, window_s=1.0, samples=0, data={"io": [5, 5, 0, 0, 0, 0], "since": [9.0, 0]})
+    view = ReportView(t=1003.0, window_s=1.0, samples=0, data={"io": [5, 5, 0, 0, 0, 0], "since": [9.0, 0]})
     analyzer.merge(view)  # lower counters from another agent: no negative rate, no new difference yet
     assert analyzer.results()["read_bytes_per_s"] == pytest.approx(3000.0)
 

@@ -10,7 +10,11 @@
 - nothing imports the folders by their own names (``agent``, ``monitor``,
   ``proflets``): installed, only ``dyper`` exists;
 - a proflet's module, which the target loads for its collector, loads no more
-  of the monitor than the model's two leaves (lights, libraries).
+  of the monitor than the model's two leaves (lights, libraries);
+- a built-in proflet's collector, and everything it imports in turn (lazily
+  too: that runs in the target as well), reaches no proflet's analyzer or
+  render module and nothing of the monitor but those two leaves, the way a
+  fresh interpreter would load it (each module's packages included).
 """
 
 from __future__ import annotations
@@ -232,3 +236,88 @@ def test_a_proflet_module_loads_no_more_of_the_monitor_than_the_model_s_leaves()
             if target is not None and target.startswith("dyper.monitor") and target not in allowed:
                 bad.append(f"{path.relative_to(ROOT)}:{line}: {module} loads {target}")
     assert not bad, "\n".join(bad)
+
+
+BUILTIN_PROFLETS = sorted(
+    m.rpartition(".")[0]
+    for m in MODULES
+    if m.startswith("dyper.proflets.") and m.endswith(".collector") and m.count(".") == 3
+)
+#: what the target may load of the monitor: the model's two leaves, with their packages
+TARGET_MAY_LOAD = ("dyper.monitor", MODEL, "dyper.monitor.model.lights", "dyper.monitor.model.libraries")
+
+
+def _run_imports(path: Path) -> list[tuple[str, int]]:
+    """Every import that can run when the module is loaded or its code called: not under ``if TYPE_CHECKING``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    found: list[tuple[str, int]] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.extend((alias.name, node.lineno) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            assert not node.level, f"{path}:{node.lineno}: a relative import"  # the project has none
+            found.extend((f"{node.module}.{alias.name}", node.lineno) for alias in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def _loaded_with(start: str) -> dict[str, str]:
+    """The project's modules importing ``start`` can load (with every package above each), and by way of what."""
+    seen: dict[str, str] = {}
+    todo = [(start, "(start)")]
+    while todo:
+        module, via = todo.pop()
+        if module in seen:
+            continue
+        seen[module] = via
+        parts = module.split(".")
+        todo.extend(
+            (".".join(parts[:i]), f"package of {module}")
+            for i in range(1, len(parts))
+            if ".".join(parts[:i]) in MODULES
+        )
+        path = MODULES[module]
+        for name, line in _run_imports(path):
+            target = _resolve(name)
+            if target is not None:
+                todo.append((target, f"{path.relative_to(ROOT)}:{line}"))
+    return seen
+
+
+def test_the_builtin_proflets_are_packages_with_a_collector_and_an_analyzer() -> None:
+    from dyper import proflets
+
+    assert sorted(proflets.BUILTINS.values()) == BUILTIN_PROFLETS
+    for package in BUILTIN_PROFLETS:
+        assert f"{package}.analyzer" in MODULES and f"{package}.render" in MODULES, package
+
+
+def test_a_collector_loads_no_analyzer_no_renderer_and_no_more_of_the_monitor_than_the_model_s_leaves() -> None:
+    bad = []
+    for package in BUILTIN_PROFLETS:
+        loaded = _loaded_with(f"{package}.collector")
+        assert f"{package}.collector" in loaded and "dyper.agent.proflet" in loaded  # the walk follows imports
+        for module, via in sorted(loaded.items()):
+            last = module.rpartition(".")[2]
+            if (
+                (module.startswith("dyper.proflets.") and last in ("analyzer", "render"))
+                or module == "dyper.proflets.display"
+                or (module.startswith("dyper.monitor") and module not in TARGET_MAY_LOAD)
+            ):
+                bad.append(f"{package}.collector loads {module} ({via})")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_collector_walk_sees_a_lazy_import() -> None:
+    # A guard on the test itself: cpu's collector imports threads' collector inside a function.
+    assert "dyper.proflets.threads.collector" in _loaded_with("dyper.proflets.cpu.collector")
+    assert "dyper.proflets.memory.collector" in _loaded_with("dyper.proflets.memory_stacks.collector")
+    assert "dyper.proflets.memory.analyzer" in _loaded_with("dyper.proflets.memory_stacks.analyzer")

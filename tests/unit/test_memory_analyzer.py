@@ -10,8 +10,9 @@ from rich.console import Console
 
 from dyper.monitor.commands.report import render
 from dyper.proflets.base import ReportView
-from dyper.proflets.memory import DYPER, MemoryAnalyzer, SiteTotals
-from dyper.proflets.memory_stacks import StacksAnalyzer
+from dyper.proflets.memory.analyzer import MemoryAnalyzer, SiteTotals
+from dyper.proflets.memory.common import DYPER
+from dyper.proflets.memory_stacks.analyzer import StacksAnalyzer
 
 APP = "/srv/app.py"
 

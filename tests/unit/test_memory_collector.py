@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from dyper.agent.proflet import DetailContext
-from dyper.proflets import memory as memory
-from dyper.proflets.memory import GcWatch, MemoryCollector
-from dyper.proflets.memory_stacks import StacksCollector
+from dyper.proflets.memory import collector as memory
+from dyper.proflets.memory.collector import GcWatch, MemoryCollector
+from dyper.proflets.memory_stacks.collector import StacksCollector
 
 CTX = DetailContext(candidates=[], length_s=0.5)
 
@@ -306,7 +306,7 @@ def test_a_forked_child_drops_the_hooks(tmp_path):
         """
         import gc, os, sys, tracemalloc
         from dyper.agent.proflet import DetailContext
-        from dyper.proflets.memory import MemoryCollector
+        from dyper.proflets.memory.collector import MemoryCollector
 
         c = MemoryCollector()
         c.start_detail(DetailContext([], 0.5))

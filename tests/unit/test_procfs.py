@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from dyper.agent import procfs
-from dyper.proflets.threads import SchedCounters, _schedstat
+from dyper.proflets.threads.collector import SchedCounters, _schedstat
 
 
 def _os_read(path: str, limit: int) -> bytes:

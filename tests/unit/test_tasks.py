@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from dyper.proflets import tasks as tasks_proflet
 from dyper.proflets.base import ReportView
-from dyper.proflets.tasks import TasksAnalyzer, TasksCollector, task_group
+from dyper.proflets.tasks import collector as tasks_proflet
+from dyper.proflets.tasks.analyzer import TasksAnalyzer
+from dyper.proflets.tasks.collector import TasksCollector, task_group
 
 
 async def inner() -> None:

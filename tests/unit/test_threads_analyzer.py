@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dyper.proflets.base import ReportView
-from dyper.proflets.threads import ThreadsAnalyzer
+from dyper.proflets.threads.analyzer import ThreadsAnalyzer
 
 MAIN = 1
 

@@ -109,26 +109,39 @@
     var s = key.replace(/_pct$/, " %").replace(/_s$/, " (s)").replace(/_ms$/, " (ms)").replace(/_/g, " ");
     return s.charAt(0).toUpperCase() + s.slice(1);
   }
-  function cell(row, key, numeric, maxOf) {
+  // How a column's values look when no description says (see formatOf): by its key and values.
+  function formatOf(key) {
+    if (key === "name") return "name";
+    return /_pct$|^percent|^share/.test(key) ? "pct" : "";
+  }
+  // fmt: a column format of dyper.proflets.display (name, pct, num, text, yesno), or "" for by its values
+  function cell(row, key, numeric, maxOf, fmt) {
     var v = row[key];
-    if (key === "name") {
+    if (fmt === "name") {
       var where = row.file ? short(row.file) + (row.line ? ":" + row.line : "") : "";
       return h("td", null, h("div", { class: "fn", text: v }), where ? h("div", { class: "where", text: where, title: row.file }) : null);
     }
-    if (/_pct$|^percent|^share/.test(key) && typeof v === "number") {
+    if (fmt === "pct" && typeof v === "number") {
       var w = maxOf[key] ? Math.max(0, Math.min(100, 100 * v / maxOf[key])) : 0;
       return h("td", { class: "num pct" }, h("div", { class: "b", style: "width:" + w.toFixed(1) + "%" }),
         h("span", { text: v.toFixed(1) + "%" }));
     }
     if (typeof v === "boolean") return h("td", { text: v ? "yes" : "no" });
+    if (fmt === "text") numeric = false;
     return h("td", { class: numeric ? "num" : "", text: numeric ? fmtNum(v) : (v === null || v === undefined ? "" : String(v)) });
   }
 
-  // Render rows (a list of flat dicts) as a table whose headers sort it; opts.columns picks and orders.
+  // Render rows (a list of flat dicts) as a table whose headers sort it; opts.columns picks and orders, or
+  // opts.spec, a proflet's description of the table (dyper.proflets.display: its columns' keys, titles, formats).
   function sortableTable(id, rows, opts) {
     opts = opts || {};
     if (!rows || !rows.length) return h("div", { class: "empty", text: opts.empty || "nothing above the floor yet" });
-    var cols = opts.columns ? opts.columns.filter(function (c) {
+    var titles = {}, formats = {}, given = opts.columns;
+    if (opts.spec) {
+      given = opts.spec.columns.map(function (c) { titles[c.key] = c.title; formats[c.key] = c.format; return c.key; });
+    }
+    function title(c) { return titles[c] || label(c); }
+    var cols = given ? given.filter(function (c) {
       return rows.some(function (r) { return r[c] !== undefined; });
     }) : columnsOf(rows);
     var numeric = {}, maxOf = {};
@@ -154,7 +167,7 @@
     cols.forEach(function (c) {
       var cls = "sortable" + (numeric[c] ? " num" : "") + (st && st[0] === c ? " sorted" + (st[1] ? " asc" : "") : "");
       tr.appendChild(h("th", {
-        class: cls, text: label(c), title: "sort by " + label(c),
+        class: cls, text: title(c), title: "sort by " + title(c),
         onclick: function () {
           var cur = sortState[id] || opts.sort;
           sortState[id] = [c, cur && cur[0] === c ? !cur[1] : !numeric[c]];
@@ -167,7 +180,7 @@
     var body = h("tbody");
     sorted.forEach(function (r, i) {
       var row = h("tr", opts.onRow ? { class: "click", onclick: function () { opts.onRow(r, i); } } : null);
-      cols.forEach(function (c) { row.appendChild(cell(r, c, numeric[c], maxOf)); });
+      cols.forEach(function (c) { row.appendChild(cell(r, c, numeric[c], maxOf, formats[c] || formatOf(c))); });
       body.appendChild(row);
     });
     table.appendChild(body);
@@ -719,8 +732,11 @@
 
   // --- detail views: cpu (Figure 6) and any other proflet ------------------------------------------------
 
-  // the cpu rows' columns as monitor/model/profile.py (cpu_functions) names them, the same in `dyper report --json`
-  var CPU_COLUMNS = ["name", "self_s", "self_pct", "total_s", "total_pct", "calls", "calls_per_s", "s_per_call"];
+  // A proflet's description of the table over its results' list `key` (its render module's TABLES), if it gives one.
+  function tableSpec(name, key) {
+    var t = state.summary && state.summary.tables && state.summary.tables[name];
+    return (t && t[key]) || null;
+  }
 
   function updateCpu() {
     var body = document.getElementById("proflet-body"), s = state.summary;
@@ -729,10 +745,11 @@
     clear(body);
     body.appendChild(h("div", { class: "card" }, h("h2", null, "CPU by function ",
       h("span", { class: "sub", text: "(" + s.window.description + "; times are samples × the sampling interval; counts from cpu detailing, extrapolated)" })),
-      sortableTable("cpu-functions", cpu.functions || [], { columns: CPU_COLUMNS, sort: ["self_pct", false] })));
+      sortableTable("cpu-functions", cpu.functions || [], { spec: tableSpec("cpu", "functions"), sort: ["self_pct", false] })));
     Object.keys(cpu).filter(function (k) { return k !== "functions" && Array.isArray(cpu[k]); }).forEach(function (k) {
-      body.appendChild(h("div", { class: "card", style: "margin-top:14px" }, h("h2", { text: "CPU by " + k.replace(/s$/, "") }),
-        sortableTable("cpu-" + k, cpu[k], { sort: ["self_pct", false] })));
+      var spec = tableSpec("cpu", k);
+      body.appendChild(h("div", { class: "card", style: "margin-top:14px" }, h("h2", { text: spec ? spec.title : "CPU by " + k.replace(/s$/, "") }),
+        sortableTable("cpu-" + k, cpu[k], { spec: spec, sort: ["self_pct", false] })));
     });
   }
 
@@ -747,8 +764,9 @@
     Object.keys(p).forEach(function (k) {
       if (Array.isArray(p[k])) {
         any = true;
-        body.appendChild(h("div", { class: "card", style: "margin-bottom:14px" }, h("h2", { text: k.replace(/_/g, " ") }),
-          sortableTable(name + "-" + k, p[k])));
+        var spec = tableSpec(name, k);
+        body.appendChild(h("div", { class: "card", style: "margin-bottom:14px" }, h("h2", { text: spec ? spec.title : k.replace(/_/g, " ") }),
+          sortableTable(name + "-" + k, p[k], { spec: spec })));
       }
     });
     var scalars = Object.keys(p).filter(function (k) { return !Array.isArray(p[k]) && typeof p[k] !== "object"; });

@@ -1,69 +1,12 @@
-"""The timing proflet: how much parallelism the process has and gets (DYPER section 5.5).
-
-Basic analysis: the number of active threads per sample (running or ready
-to run: not waiting on a lock, a condition, I/O or sleep), its mean and
-standard deviation, against the processors the process may use; and each
-thread's CPU time, read from its CPU clock at every report, so
-``cores_used`` (CPU seconds per wall second) is exact, not extrapolated.
-When several threads are ready to run but the process gets about one core,
-they are waiting for the GIL: the report says so in words.
-
-The per-sample count of active threads is made by the agent's walker as it
-records each sample (``WANTS_ACTIVITY``): a histogram, cumulative, so a lost
-report loses nothing.
-
-Detailing: for a burst, the kernel's run-queue figures per thread
-(``/proc/self/task/*/schedstat``): how long threads were runnable but had
-no processor. That tells a machine short of CPUs (run-queue waits) from a
-process short of GIL (no run-queue wait, yet no CPU either).
-"""
+"""The timing proflet's monitor half (see :mod:`dyper.proflets.timing`)."""
 
 from __future__ import annotations
 
 import math
-import os
-import threading
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any
 
-from dyper.agent.proflet import Collector, DetailContext, ReportContext
 from dyper.proflets.base import Analyzer, ReportView, SessionView, Status, confidence_of
-from dyper.proflets.threads import SchedCounters, ThreadClocks
-
-
-def _cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-class TimingCollector(Collector):
-    name = "timing"
-    OVHD_MS = 1.0
-    SLOW = 0.0
-    ITVL_MS = 2000.0
-    PRTY = 0.2
-    ALLOWS: ClassVar[frozenset[str]] = frozenset({"threads", "memory", "io", "heap"})
-    DETAILS = True
-    WANTS_ACTIVITY = True
-
-    def __init__(self) -> None:
-        self._me = threading.get_ident()  # built on the sampler thread
-        self._clocks = ThreadClocks(self._me)
-        self._sched = SchedCounters()
-
-    def report(self, ctx: ReportContext) -> dict[str, Any] | None:
-        threads = [[ident, cpu] for ident, (_, cpu) in self._clocks.read(self._me).items()]
-        return {"activity": list(ctx.activity), "threads": threads, "cpus": _cpus()}
-
-    def start_detail(self, ctx: DetailContext) -> None:
-        self._sched.start(self._me)
-
-    def stop_detail(self) -> dict[str, Any]:
-        length, grown = self._sched.stop()
-        # ns each thread was runnable but had no processor, over the burst
-        return {"length_s": length, "slowdown_s": 0.0, "runqueue_ns": [[k, c[1]] for k, c in grown.items()]}
 
 
 class TimingAnalyzer(Analyzer):
@@ -217,5 +160,4 @@ def _finding(active: float, cores: float, cpus: int, runqueue: float | None) -> 
     return f"{active:.1f} threads are ready to run on average but the process gets {cores:.2f} of {cpus} CPUs{queued}"
 
 
-COLLECTOR = TimingCollector
 ANALYZER = TimingAnalyzer

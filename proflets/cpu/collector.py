@@ -1,24 +1,4 @@
-"""The cpu proflet: where the program executes (DYPER section 5.1).
-
-Basic analysis, from stack samples: the share of samples per function and
-per line, self (the leaf) and total (anywhere on the stack, once per stack
-however deep the recursion), only above a floor (0.5% by default, as DYPER
-does: below that a sampling profile is noise), and optionally with time in
-the standard library and installed packages charged to the application line
-that called it.
-
-The basic analysis's agent half is the sampler itself (``agent.core``).
-Detailing is :class:`CpuCollector`: exact call and line counts of the
-candidate functions (the hottest by self samples) for a short burst, which
-the monitor extrapolates to rates. It is selective: only the candidates'
-code objects are instrumented, through ``sys.monitoring`` local events on
-3.12+. 3.11 has no ``sys.monitoring``; there a PEP 523 frame evaluation hook
-in C (``agent._fastsample.frame_hook_start``) sees every Python frame start
-and counts the candidates' calls, at a C call per Python call, and the bytecode
-between calls runs as fast as ever. Without the C extension, 3.11 falls back
-on yappi, whose profile function slows every instruction of every thread; its
-(much larger) slowdown is measured and charged, and cpu detailing is then opt-in.
-"""
+"""The cpu proflet's agent half, loaded alone in the target (see :mod:`dyper.proflets.cpu`)."""
 
 from __future__ import annotations
 
@@ -35,55 +15,7 @@ from typing import Any, ClassVar
 
 from dyper.agent.budget import ProfletCosts
 from dyper.agent.proflet import Collector, DetailContext, ReportContext
-from dyper.monitor.model.lights import cpu_light
-from dyper.proflets.base import Analyzer, SessionView, Status, WindowView, YappiCharge, paired_best
-
-Key = tuple[str, str, int]
-
-
-#: A function with at least this share of the cpu samples is a detailing candidate.
-CANDIDATE_PCT = 5.0
-
-
-def priority(session: SessionView, window_s: float = 10.0) -> float:
-    """PRTY of cpu detailing for a session: how CPU-bound it is and how many candidates there are.
-
-    CPU-boundness is running threads per sampling pass (1 or more: at least
-    one thread always runs); candidates are functions with at least
-    CANDIDATE_PCT of the cpu samples. A process with nothing hot gets a low
-    priority, not zero, so its first candidates still get counted.
-    """
-    # Asked after every report: the last seconds' cpu samples by leaf frame are kept as
-    # running sums, so a report's stacks are looked at once, not once per report in the window.
-    by_leaf, passes = session.recent("cpu", window_s, cpu_by_leaf)
-    if passes <= 0:
-        return 0.1
-    frames = session.frames.frames
-    cpu_total = 0
-    by_function: dict[tuple[str, str, int], int] = {}
-    for fid, cpu in by_leaf.items():
-        cpu_total += cpu
-        f = frames[fid].function
-        by_function[f] = by_function.get(f, 0) + cpu
-    if cpu_total == 0:
-        return 0.1
-    candidates = sum(1 for n in by_function.values() if 100.0 * n / cpu_total >= CANDIDATE_PCT)
-    busy = min(1.0, cpu_total / passes)
-    return max(0.1, busy * (0.5 + 0.5 * min(1.0, candidates / 4)))
-
-
-def cpu_by_leaf(window: WindowView) -> dict[int, int]:
-    """A window's cpu samples by the frame id of the stack's leaf."""
-    table = window.table
-    out: dict[int, int] = {}
-    for i, _, cpu in window.items():
-        if cpu:
-            stack = table[i][1]
-            if stack:
-                leaf = stack[-1]
-                out[leaf] = out.get(leaf, 0) + cpu
-    return out
-
+from dyper.proflets.base import YappiCharge, paired_best
 
 # --- agent half: detailing ---------------------------------------------------------
 
@@ -194,7 +126,7 @@ def _counted_s(length: float, slowdown: float) -> float:
 
 def _thread_marks() -> tuple[float, dict[int, float]]:
     """Now, and each thread's CPU seconds (by ident; the agent's own threads left out)."""
-    from dyper.proflets.threads import read_clocks
+    from dyper.proflets.threads.collector import read_clocks
 
     return time.perf_counter(), {ident: cpu for ident, (_, cpu) in read_clocks(0).items()}
 
@@ -772,125 +704,4 @@ class CpuCollector(Collector):
         self._codes = []
 
 
-# --- monitor half ------------------------------------------------------------------
-
-
-class CpuAnalyzer(Analyzer):
-    """Per function and line shares from the session's stacks, with the call counts detailing measured."""
-
-    name = "cpu"
-    #: native rows in the report, and the share of a function's time a C
-    #: call must take to be a finding
-    NATIVE_ROWS = 30
-    NATIVE_FINDING_PCT = 30.0
-
-    def __init__(self, session: SessionView | None = None) -> None:
-        super().__init__(session)
-        #: over every native burst: each candidate's own time (s), and
-        #: (function, callee) -> [calls, seconds] of the C calls it made
-        self.native_own: dict[Key, float] = {}
-        self.native_calls: dict[tuple[Key, str], list[float]] = {}
-
-    def merge_detail(self, burst: Mapping[str, Any]) -> None:
-        native = burst.get("native")
-        if not isinstance(native, Mapping):
-            return
-        try:
-            for file, name, line, sec in native.get("functions") or ():
-                key = (str(file), str(name), int(line))
-                self.native_own[key] = self.native_own.get(key, 0.0) + float(sec)
-            for file, name, line, callee, n, sec in native.get("callees") or ():
-                slot = self.native_calls.setdefault(((str(file), str(name), int(line)), str(callee)), [0.0, 0.0])
-                slot[0] += int(n)
-                slot[1] += float(sec)
-        except (TypeError, ValueError):
-            return  # a malformed burst adds nothing
-
-    def native_rows(self) -> list[dict[str, Any]]:
-        """The C calls the candidates made, dearest first: Paradyn-J's VM-interaction cost per method."""
-        rows: list[dict[str, Any]] = []
-        for (key, callee), (n, sec) in sorted(self.native_calls.items(), key=lambda kv: -kv[1][1]):
-            own = self.native_own.get(key, 0.0)
-            rows.append(
-                {
-                    "function": key[1],
-                    "file": key[0],
-                    "line": key[2],
-                    "callee": callee,
-                    "calls": int(n),
-                    "seconds": sec,
-                    "pct_of_function": 100.0 * sec / own if own > 0 else None,
-                }
-            )
-            if len(rows) == self.NATIVE_ROWS:
-                break
-        return rows
-
-    def state(self) -> dict[str, Any]:
-        # the shape of a burst's "native" part, so restoring is merging one
-        return {
-            "functions": [[*k, v] for k, v in self.native_own.items()],
-            "callees": [[*k, c, n, sec] for (k, c), (n, sec) in self.native_calls.items()],
-        }
-
-    def restore(self, state: Mapping[str, Any]) -> None:
-        self.merge_detail({"native": state})
-
-    def results(self, start: float | None = None, end: float | None = None) -> dict[str, Any]:
-        """What detailing measured: call rates (whole run) and native rows.
-
-        The tables themselves are made by the report from the window's profile
-        (:func:`dyper.monitor.report.cpu_section`), with these rates.
-        """
-        counted = self.session.calls
-        rates = [
-            {"file": k[0], "name": k[1], "line": k[2], "calls_per_s": rate, "counted_s": counted[k][1]}
-            for k, rate in self.session.calls_per_s().items()
-        ]
-        return {"call_rates": rates, "native": self.native_rows()}
-
-    def _busy(self) -> tuple[Status, dict[Key, int]]:
-        """The cpu light over the whole run, and the cpu samples per function at the stacks' leaves."""
-        session = self.session
-        frames = session.frames.frames
-        cpu_total = 0
-        own: dict[Key, int] = {}
-        for (_, stack), (_, cpu) in session.counts.items():
-            cpu_total += cpu
-            if cpu and stack:
-                key = frames[stack[-1]].function
-                own[key] = own.get(key, 0) + cpu
-        return cpu_light(cpu_total, session.samples), own
-
-    def status(self) -> Status:
-        # The light says how CPU-bound the process is: the share of sampling
-        # passes that found a thread on the CPU (or ready for it).
-        return self._busy()[0]
-
-    def priority(self) -> float | None:
-        return priority(self.session)
-
-    def findings(self) -> list[str]:
-        said = [
-            f"{r['callee']} inside {r['function']}() is {r['pct_of_function']:.0f}% of {r['function']}()'s time "
-            f"(native time, {r['calls']:,} calls measured)"
-            for r in self.native_rows()[:3]
-            if (r["pct_of_function"] or 0.0) >= self.NATIVE_FINDING_PCT
-        ]
-        light, own = self._busy()
-        busy, samples = light.problem, self.session.samples
-        if samples < 50 or busy < 0.5 or not own:
-            return said
-        (_, name, _), top = max(own.items(), key=lambda kv: kv[1])
-        top_pct = 100.0 * top / sum(own.values())
-        if top_pct < 10:
-            return said
-        return [
-            f"the process is CPU-bound ({busy:.0%} of samples on the CPU); {name} takes "
-            f"{top_pct:.0f}% of the CPU samples itself",
-            *said,
-        ]
-
-
 COLLECTOR = CpuCollector
-ANALYZER = CpuAnalyzer

@@ -1,0 +1,48 @@
+"""The timing proflet's agent half, loaded alone in the target (see :mod:`dyper.proflets.timing`)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, ClassVar
+
+from dyper.agent.proflet import Collector, DetailContext, ReportContext
+from dyper.proflets.threads.collector import SchedCounters, ThreadClocks
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+class TimingCollector(Collector):
+    name = "timing"
+    OVHD_MS = 1.0
+    SLOW = 0.0
+    ITVL_MS = 2000.0
+    PRTY = 0.2
+    ALLOWS: ClassVar[frozenset[str]] = frozenset({"threads", "memory", "io", "heap"})
+    DETAILS = True
+    WANTS_ACTIVITY = True
+
+    def __init__(self) -> None:
+        self._me = threading.get_ident()  # built on the sampler thread
+        self._clocks = ThreadClocks(self._me)
+        self._sched = SchedCounters()
+
+    def report(self, ctx: ReportContext) -> dict[str, Any] | None:
+        threads = [[ident, cpu] for ident, (_, cpu) in self._clocks.read(self._me).items()]
+        return {"activity": list(ctx.activity), "threads": threads, "cpus": _cpus()}
+
+    def start_detail(self, ctx: DetailContext) -> None:
+        self._sched.start(self._me)
+
+    def stop_detail(self) -> dict[str, Any]:
+        length, grown = self._sched.stop()
+        # ns each thread was runnable but had no processor, over the burst
+        return {"length_s": length, "slowdown_s": 0.0, "runqueue_ns": [[k, c[1]] for k, c in grown.items()]}
+
+
+COLLECTOR = TimingCollector
