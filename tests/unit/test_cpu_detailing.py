@@ -321,7 +321,7 @@ def test_a_yappi_burst_is_charged_its_slow_path_under_code_that_calls_nothing() 
     collector.close()
     # The spinner ran bytecode whenever it had a CPU: that time is charged at the loss. (Not the
     # burst's length: on a loaded CI machine the spinner got 40% of a core and the charge followed.)
-    assert ran > 0.2 * busy["length_s"], (ran, busy)
+    assert ran > 0.02 * busy["length_s"], (ran, busy)  # the spinner ran at all, however busy the machine
     assert busy["slowdown_s"] >= 0.8 * collector._yappi.loss * min(ran, busy["length_s"]), (ran, busy)
     assert busy["counted_s"] == pytest.approx(busy["length_s"] - busy["slowdown_s"])
     assert idle["slowdown_s"] < 0.1 * idle["length_s"], idle  # an idle process loses next to nothing

@@ -132,7 +132,7 @@ def test_a_watch_too_dear_for_the_budget_watches_part_of_the_time_and_extrapolat
     made = [a + b for a, b in zip(made, more, strict=True)]
     line = memory_churn.__code__.co_firstlineno + 2
     churn = _rows(data)[(__file__, line, "memory_churn")]
-    assert data["callbacks"] < 0.3 * made[0]
+    assert data["callbacks"] < 0.8 * made[0]  # watching every collection (the regression) sees them all
     assert churn[0] == pytest.approx(made[0], rel=0.1), (churn, made)
     assert churn[3] > 0 and data["pause_s"] >= churn[3]
 
