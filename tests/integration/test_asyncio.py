@@ -14,7 +14,7 @@ import subprocess
 import sys
 from typing import Any
 
-from tests.integration.conftest import REPO, dyper, free_port, start_target, stop, wait_for
+from tests.factories import REPO, dyper, free_port, start_target, stop, wait_for
 
 SERVICE = str(REPO / "bench" / "workloads" / "async_service.py")
 BUDGET = 0.05

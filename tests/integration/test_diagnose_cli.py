@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import REPO, TARGETS, dyper
+from tests.factories import REPO, TARGETS, dyper
 
 PLANTED = ("planted_cpu", "planted_lock")
 # 5%: a few hundred samples in 8 s at least, so that none of the 60 functions
