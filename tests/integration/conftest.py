@@ -1,3 +1,5 @@
+"""Fixtures of the integration tests; what they are built from is in tests/factories.py."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -5,11 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.factories import (
-    MonitorThread,
-    StandingMonitor,
-    free_port,
-)
+from tests.factories import MonitorThread, StandingMonitor, free_port
 
 
 @pytest.fixture
