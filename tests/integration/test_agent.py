@@ -9,7 +9,7 @@ import pytest
 
 from dyper import agent
 from dyper.agent.proflet import Collector
-from tests.integration.conftest import free_port, wait_for
+from tests.factories import free_port, wait_for
 
 
 def _fds() -> int:

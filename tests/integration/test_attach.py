@@ -13,7 +13,7 @@ import pytest
 
 from dyper.monitor import inject
 from dyper.monitor.attach import attach, detach
-from tests.integration.conftest import (
+from tests.factories import (
     TARGETS,
     MonitorThread,
     dyper,

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.integration.conftest import REPO, MonitorThread, free_port
+from tests.factories import REPO, MonitorThread, free_port
 
 NO_PID = "999999999"
 #: placeholders the fixture fills in: a `sleep` process, a port nobody listens on, a monitor that knows nothing

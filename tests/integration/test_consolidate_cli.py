@@ -3,7 +3,7 @@
 import json
 import sys
 
-from tests.integration.conftest import TARGETS, dyper
+from tests.factories import TARGETS, dyper
 
 SPLIT = str(TARGETS / "split.py")
 

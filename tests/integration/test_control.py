@@ -7,7 +7,7 @@ import sys
 import time
 from typing import Any
 
-from tests.integration.conftest import TARGETS, dyper, start_target, stop, wait_for
+from tests.factories import TARGETS, dyper, start_target, stop, wait_for
 
 
 def test_pause_resume_reset_from_the_cli_and_a_mark_from_inside(standing_monitor):

@@ -22,8 +22,7 @@ import psutil
 
 from dyper.monitor.attach import attach, detach
 from dyper.monitor.client import MonitorClient, MonitorRefused
-from tests.integration.conftest import TARGETS, StandingMonitor, stop, wait_for
-from tests.integration.test_faults import _ask, _start
+from tests.factories import TARGETS, StandingMonitor, ask, start_commanded, stop, wait_for
 
 #: real injector attach/detach cycles, each waiting for a burst (about 1.5 s each) ...
 ATTACH_CYCLES = 3
@@ -79,11 +78,11 @@ def _detach_through_the_monitor(client: MonitorClient, pid: int) -> None:
 
 
 def test_attach_detach_and_start_stop_cycles_leave_the_process_as_it_was(standing_monitor: StandingMonitor) -> None:
-    target = _start(str(TARGETS / "cycles.py"))
+    target = start_commanded(str(TARGETS / "cycles.py"))
     process = psutil.Process(target.pid)
     client = MonitorClient(standing_monitor.endpoint, timeout=3)
     try:
-        before = _ask(target, "probe")
+        before = ask(target, "probe")
         outside = (process.num_threads(), process.num_fds())
         t0 = time.monotonic()
 
@@ -107,8 +106,8 @@ def test_attach_detach_and_start_stop_cycles_leave_the_process_as_it_was(standin
                     what=f"a burst in attach cycle {cycle}",
                 )
             assert detach(target.pid), "no agent was running"
-            assert _ask(target, "stopped")["stopped"], f"attach cycle {cycle}"
-        attached = _ask(target, "probe")
+            assert ask(target, "stopped")["stopped"], f"attach cycle {cycle}"
+        attached = ask(target, "probe")
         assert _differences(before, attached) == {}
         t1 = time.monotonic()
 
@@ -120,13 +119,13 @@ def test_attach_detach_and_start_stop_cycles_leave_the_process_as_it_was(standin
             # Every tenth with every proflet (their collectors' set-up and
             # close, gc callbacks included; three times as slow), the others
             # with the default ones.
-            _ask(target, f"start {standing_monitor.endpoint} 5%" + (" all" if cycle % 10 == 0 else ""))
+            ask(target, f"start {standing_monitor.endpoint} 5%" + (" all" if cycle % 10 == 0 else ""))
             _detach_through_the_monitor(client, target.pid)
-            assert _ask(target, "stopped")["stopped"], f"cycle {cycle}"
+            assert ask(target, "stopped")["stopped"], f"cycle {cycle}"
             if cycle == WARMUP - 1:
-                warm = _ask(target, "probe")
+                warm = ask(target, "probe")
                 rss_warm = process.memory_info().rss
-        after = _ask(target, "probe")
+        after = ask(target, "probe")
         rss_after = process.memory_info().rss
 
         assert _differences(before, after) == {}

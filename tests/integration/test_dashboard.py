@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from dyper.monitor.commands.ps import has_agent
-from tests.integration.conftest import StandingMonitor, free_port, stop, wait_for
+from tests.factories import StandingMonitor, free_port, stop, wait_for
 
 INSTALL = "apt-get install chromium chromium-driver (or set DYPER_SKIP_BROWSER=1 to skip the browser tests)"
 CHROMIUM_FLAGS = (

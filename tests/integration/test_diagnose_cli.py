@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import REPO, TARGETS, dyper
+from tests.factories import REPO, TARGETS, dyper
 
 PLANTED = ("planted_cpu", "planted_lock")
 # 5%: a few hundred samples in 8 s at least, so that none of the 60 functions
@@ -86,7 +86,7 @@ def test_diagnose_ranks_the_lock_wait_first_as_sync(recorded: dict[str, Path]) -
     first = data["bottlenecks"][0]
     assert first["hypothesis"] == "sync", first
     assert function(first["path"][-1]) == "consumer" and first["path"][-1].endswith("planted_lock.py)")
-    assert first["share_pct"] >= 50.0, first  # planted at about 85% of the busy samples
+    assert first["share_pct"] >= 50.0, first  # planted at about 88% of the busy samples, 70% or more under load
     # The main thread's compute() is the CPU part, and what it sleeps through is left out.
     cpu = [b for b in data["bottlenecks"] if b["hypothesis"] == "cpu"]
     assert cpu and function(cpu[0]["path"][-1]) == "compute"

@@ -8,7 +8,6 @@ and reporting go on.
 
 from __future__ import annotations
 
-import json
 import math
 import signal
 import statistics
@@ -22,32 +21,16 @@ import psutil
 
 from dyper.agent.core import MAX_PENDING_STACKS, STOP_HANG_S, TICKER_DRAIN_AT
 from dyper.monitor.commands.run import child_env
-from tests.integration.conftest import REPO, TARGETS, StandingMonitor, free_port, start_target, stop, wait_for
-
-
-def _start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    """A target that takes commands on stdin and answers on stdout."""
-    proc = subprocess.Popen(
-        [sys.executable, *args],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-        env=env,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert line.strip() == "ready", f"target did not start: {line!r} {proc.stderr.read() if proc.stderr else ''}"
-    return proc
-
-
-def _ask(proc: subprocess.Popen[str], command: str) -> dict[str, Any]:
-    assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write(command + "\n")
-    proc.stdin.flush()
-    answer: dict[str, Any] = json.loads(proc.stdout.readline())
-    return answer
+from tests.factories import (
+    TARGETS,
+    StandingMonitor,
+    ask,
+    free_port,
+    start_commanded,
+    start_target,
+    stop,
+    wait_for,
+)
 
 
 def _tell(proc: subprocess.Popen[str], command: str) -> None:
@@ -78,20 +61,20 @@ def test_monitor_away_long_enough_to_fill_the_buffers_costs_bounded_memory_and_t
     # many_stacks.py on "churn": eight threads whose stacks almost never
     # repeat, some 7,000 new ones a second here, so the agent's table of
     # counts (MAX_PENDING_STACKS) fills within seconds while nobody reads it.
-    target = _start(str(TARGETS / "many_stacks.py"), env=child_env(standing_monitor.endpoint, 0.25))
+    target = start_commanded(str(TARGETS / "many_stacks.py"), env=child_env(standing_monitor.endpoint, 0.25))
     process = psutil.Process(target.pid)
     try:
         wait_for(lambda: (s := standing_monitor.session(target.pid)) and s["samples"] > 0, what="first samples")
         standing_monitor.kill()
         rss_before = process.memory_info().rss
         _tell(target, "churn")
-        rss_max, stacks_max, status = 0, 0, _ask(target, "status")
+        rss_max, stacks_max, status = 0, 0, ask(target, "status")
         deadline = time.monotonic() + 40
         end = math.inf
         while time.monotonic() < end:
             assert time.monotonic() < deadline, f"the agent's table did not fill while the monitor was away: {status}"
             time.sleep(0.25)
-            status = _ask(target, "status")
+            status = ask(target, "status")
             rss_max = max(rss_max, process.memory_info().rss)
             stacks_max = max(stacks_max, status["stacks"])
             if status["dropped"]["samples"] > 0 and math.isinf(end):
@@ -107,7 +90,7 @@ def test_monitor_away_long_enough_to_fill_the_buffers_costs_bounded_memory_and_t
         assert status["dropped"]["reports"] > 0  # the sends that found no monitor
 
         _tell(target, "calm")
-        before = _ask(target, "status")["dropped"]
+        before = ask(target, "status")["dropped"]
         standing_monitor.start()  # same port, same history
         # Reconnected, and what was dropped while away is in the session and in top.
         session = wait_for(
@@ -186,7 +169,7 @@ def test_collectors_that_raise_or_hang_are_switched_off_and_the_target_carries_o
     # agent stops, "stuck_at_stop" blocks forever in the last report's hook
     # and "stuck_close" in close().
     rates, control_rates = tmp_path / "rates", tmp_path / "control"
-    target = _start(str(TARGETS / "faulty_proflets.py"), standing_monitor.endpoint, str(rates))
+    target = start_commanded(str(TARGETS / "faulty_proflets.py"), standing_monitor.endpoint, str(rates))
     # The control has an agent too, at the same budget (with no monitor: it
     # plans on its own), so the two differ only by the faulty proflets.
     nobody = f"tcp://127.0.0.1:{free_port()}"
@@ -238,7 +221,7 @@ def test_collectors_that_raise_or_hang_are_switched_off_and_the_target_carries_o
         assert len(_rates(rates, t1)) >= 8
         assert _relative_rate(rates, control_rates, 0) >= 0.5
 
-        result = _ask(target, "stop")
+        result = ask(target, "stop")
         # stop() waited for none of the blocked threads, and the agent is gone:
         # the last report and the bye went from a replacement, sampler and
         # watchdog ended, before stop()'s own 2 s were up. (A stop takes a

@@ -19,8 +19,7 @@ import psutil
 import zmq
 
 from dyper.agent import protocol
-from tests.integration.conftest import TARGETS, stop, wait_for
-from tests.integration.test_monitor import start_with_agent
+from tests.factories import TARGETS, start_with_agent, stop, wait_for
 
 SEED = 20240611
 

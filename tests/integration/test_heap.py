@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from dyper.proflets.heap.analyzer import LEAK_CENSUSES
-from tests.integration.conftest import REPO, TARGETS, dyper, start_target, stop, wait_for
+from tests.factories import REPO, TARGETS, dyper, start_target, stop, wait_for
 
 PLANTED = TARGETS / "planted_heap.py"
 PROFLETS = {"DYPER_PROFLETS": "heap"}

@@ -6,9 +6,17 @@ import time
 from collections import Counter
 
 from dyper.monitor.model.profile import Profile
-from tests.integration.conftest import TARGETS, StandingMonitor, dyper, free_port, stop, wait_for
-from tests.integration.test_monitor import start_with_agent
-from tests.unit.test_exports import _html_data, _read_pprof
+from tests.factories import (
+    TARGETS,
+    StandingMonitor,
+    dyper,
+    free_port,
+    html_data,
+    read_pprof,
+    start_with_agent,
+    stop,
+    wait_for,
+)
 
 SPLIT = str(TARGETS / "split.py")
 
@@ -74,7 +82,7 @@ def test_a_killed_monitor_restarted_on_its_history_still_answers_for_old_session
         proc = dyper("export", str(gone.pid), "--monitor", mon.endpoint, "--window", f":+{half}", "-o", str(out))
         assert proc.returncode == 0, proc.stderr
         assert f"pid {gone.pid}, from the start to {half:g}s after the first report" in proc.stderr
-        _, _, samples = _read_pprof(out.read_bytes())
+        _, _, samples = read_pprof(out.read_bytes())
         assert sum(v["cpu_samples"] for _, _, v in samples) == sum(stacks(first).values())
         # The bottleneck search and the diagnosis over the same old slice, from disk.
         proc = dyper(
@@ -90,7 +98,7 @@ def test_a_killed_monitor_restarted_on_its_history_still_answers_for_old_session
         page = tmp_path / "live.html"
         proc = dyper("export", str(live.pid), "--monitor", mon.endpoint, "--last", "30s", "-o", str(page))
         assert proc.returncode == 0, proc.stderr
-        assert _html_data(page.read_text())["tree"][2] > 0
+        assert html_data(page.read_text())["tree"][2] > 0
         stats = mon.call("history")
         assert stats["path"] == str(history) and stats["sessions"] == 2 and stats["reports"] > 3
     finally:

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import TARGETS, dyper, start_target, stop, wait_for
+from tests.factories import TARGETS, dyper, start_target, stop, wait_for
 
 PLANTED = TARGETS / "planted_io.py"
 CHUNK = 1024  # planted_io.CHUNK

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import TARGETS, dyper, start_target, stop, wait_for
+from tests.factories import TARGETS, dyper, start_target, stop, wait_for
 
 PLANTED = TARGETS / "planted_memory.py"
 PROFLETS = {"DYPER_PROFLETS": "memory,memory_stacks"}

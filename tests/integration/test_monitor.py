@@ -4,23 +4,13 @@ import json
 import os
 import socket
 import statistics
-import subprocess
-import sys
 import time
 
 import psutil
 import zmq
 
 from dyper.monitor.commands.ps import has_agent
-from dyper.monitor.commands.run import child_env
-from tests.integration.conftest import TARGETS, dyper, split_shares, start_target, stop, truth_share, wait_for
-
-
-def start_with_agent(endpoint, *args, budget=0.05):
-    env = child_env(endpoint, budget)
-    proc = subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "ready"
-    return proc
+from tests.factories import TARGETS, dyper, split_shares, start_target, start_with_agent, stop, truth_share, wait_for
 
 
 def test_run_with_standing_monitor_top_ps_detach(standing_monitor, tmp_path):

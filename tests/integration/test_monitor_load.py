@@ -19,8 +19,7 @@ import zmq
 from dyper.agent import protocol
 from dyper.monitor.client import MonitorClient
 from dyper.monitor.server import RECEIVE_AHEAD, Monitor, Received, Reply
-from tests.integration.conftest import wait_for
-from tests.unit.test_session_profile import HELLO, make_report
+from tests.factories import HELLO, make_report, wait_for
 
 AGENT = HELLO["agent"]
 #: monitor CPU a report costs here (a big service's report on a busy monitor)

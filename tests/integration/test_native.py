@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.integration.conftest import TARGETS, dyper
+from tests.factories import TARGETS, dyper
 
 pytestmark = pytest.mark.timeout(180)
 

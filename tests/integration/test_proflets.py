@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import TARGETS, dyper, start_target, stop, wait_for
+from tests.factories import TARGETS, dyper, start_target, stop, wait_for
 
 PLANTED = TARGETS / "planted_threads.py"
 PLUGIN = Path(__file__).parent / "plugin" / "dyper_fds.py"

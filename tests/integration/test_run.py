@@ -3,7 +3,7 @@
 import re
 import sys
 
-from tests.integration.conftest import TARGETS, dyper, load_json, split_shares, truth_share
+from tests.factories import TARGETS, dyper, load_json, split_shares, truth_share
 
 
 def test_run_gives_the_known_split(tmp_path):

@@ -18,7 +18,7 @@ import zmq
 from dyper import agent
 from dyper.agent import protocol
 from dyper.agent.proflet import Collector, DetailContext
-from tests.integration.conftest import MonitorThread, free_port, wait_for
+from tests.factories import MonitorThread, free_port, wait_for
 
 
 def hot(n: int) -> int:
@@ -235,7 +235,7 @@ def test_a_raised_budget_takes_effect_at_once_even_from_the_least(standing_monit
     # the budget, and the agent drops a plan made for another budget. (Before,
     # the agent kept the old plan's delays until the monitor's next plan, which
     # came with the next report: 30 s later.)
-    from tests.integration.conftest import TARGETS, dyper, start_target, stop
+    from tests.factories import TARGETS, dyper, start_target, stop
 
     target = start_target(str(TARGETS / "split.py"), "120", "--main-sleeps")
     try:

@@ -29,7 +29,7 @@ from dyper.monitor import cli
 from dyper.monitor.client import MonitorClient, MonitorUnreachable
 from dyper.monitor.commands.keys import make_pair
 from dyper.monitor.commands.run import child_env
-from tests.integration.conftest import REPO, TARGETS, dyper, free_port, start_target, stop, wait_for
+from tests.factories import REPO, TARGETS, dyper, free_port, start_target, stop, wait_for
 
 
 def remote_address() -> str | None:

@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from dyper.monitor.model.profile import Profile
-from tests.integration.conftest import TARGETS, dyper, free_port, load_json, wait_for
+from tests.factories import TARGETS, dyper, free_port, load_json, wait_for
 
 pytest.importorskip("gunicorn", reason="gunicorn is a test dependency: pip install -e '.[test]'")
 

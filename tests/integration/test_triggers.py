@@ -6,7 +6,7 @@ import json
 import time
 from typing import Any
 
-from tests.integration.conftest import REPO, dyper, start_target, stop, wait_for
+from tests.factories import REPO, dyper, start_target, stop, wait_for
 
 #: bench/transients.py's service, one cycle, shorter: a core taken for 3 s from 6.5 s after the
 #: agent starts, a thread stuck 3.5 s on a lock from 10.5 s, 200 MB in 1.5 s from 15.5 s.

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yappi
 
 from bench.compare import (
-    TRUTH,
     Answer,
     parse_dyper_report,
     parse_pstats,
@@ -149,26 +145,6 @@ def test_stable_from() -> None:
     assert stable_from(lengths, tops) == 4.0  # order inside the five does not matter
     assert stable_from(lengths, [final] * 5) == 0.5
     assert stable_from([], []) is None
-
-
-@pytest.mark.parametrize("program", ["flat", "deep", "spread", "recursion", "threads", "native"])
-def test_truth_programs_record_their_own_split(program: str, tmp_path: Path) -> None:
-    out = tmp_path / "t.json"
-    subprocess.run([sys.executable, str(TRUTH), program, "--rounds", "20", str(out)], check=True, timeout=60)
-    t = json.loads(out.read_text())
-    assert t["program"] == program
-    assert t["rounds"] == 20  # per thread in the threaded programs
-    assert t["wall_s"] > 0 and t["cpu_s"] > 0
-    assert len(t["truth_s"]) >= 5
-    assert set(t["calls"]) == set(t["truth_s"])
-    # the timed blocks hold most of the process's CPU time (glue and clock reads are small)
-    busy = {k: v for k, v in t["truth_s"].items() if k not in ("nap", "wait_for_lock")}
-    assert 0.5 * t["cpu_s"] < sum(busy.values()) <= 1.05 * t["cpu_s"]
-    if program == "flat":
-        assert top(shares(t["truth_s"], sorted(t["truth_s"])), 1) == ["parse_header"]
-    if program == "threads":
-        # a sleeping or blocked thread's functions have next to no CPU time
-        assert t["truth_s"]["nap"] < 0.1 * t["truth_s"]["crunch"]
 
 
 def test_a_tool_that_saw_nothing_names_no_top_five() -> None:

@@ -1,10 +1,7 @@
 """Every export format read back: the same stacks and counts as the profile, in each format's own terms."""
 
-import gzip
 import json
 import re
-import shutil
-import subprocess
 from collections import Counter
 
 import pytest
@@ -20,29 +17,16 @@ from dyper.monitor.exports import (
     exporter_named,
 )
 from dyper.monitor.model.profile import Profile
-from dyper.monitor.pprof import profile_pb2
 from dyper.monitor.profile import build_profile
-from tests.unit.test_session_profile import make_report, session_with
+from tests.factories import STACKS, check_speedscope_schema, expected, html_data, make_report, read_pprof, session_with
 
 # main -> f (thread 7, 30); main -> f -> g (thread 7, 10); a blocked main (thread 8, 60: wall only);
 # main -> f -> json.dumps (a library, thread 7, 5); r -> r -> r -> main, recursive (thread 8, 7)
-STACKS = [(7, 30, [1, 0]), (7, 10, [2, 1, 0]), (8, 60, [3]), (7, 5, [4, 1, 0]), (8, 7, [5, 5, 5, 0])]
 
 
 @pytest.fixture
 def profile():
     return build_profile(session_with(make_report(STACKS)))
-
-
-def expected(profile, metric, libraries=False, threads=True):
-    """(thread, (name, file, line) root first) -> samples, straight from the profile."""
-    out = Counter()
-    for s, frames in profile.charged_stacks(libraries):
-        n = s.cpu if metric == "cpu" else s.wall
-        if n and frames:
-            key = tuple((profile.frames[i].name, profile.frames[i].file, profile.frames[i].line) for i in frames)
-            out[(s.thread if threads else None, key)] += n
-    return out
 
 
 LABEL = re.compile(r"^(?P<name>.*) \((?P<file>[^()]*):(?P<line>\d+)\)$")
@@ -64,35 +48,10 @@ def test_collapsed_round_trip(profile, metric, libraries):
     assert back == expected(profile, metric, libraries, threads=False)
 
 
-def _check_speedscope_schema(doc):
-    """The fields speedscope's FileFormat.File requires, with their types (src/lib/file-format-spec.ts)."""
-    assert doc["$schema"] == "https://www.speedscope.app/file-format-schema.json"
-    assert isinstance(doc["shared"], dict) and isinstance(doc["shared"]["frames"], list)
-    for f in doc["shared"]["frames"]:
-        assert isinstance(f["name"], str) and f["name"]
-        assert set(f) <= {"name", "file", "line", "col"}
-        assert isinstance(f.get("file", ""), str) and isinstance(f.get("line", 0), int)
-    assert isinstance(doc["profiles"], list) and doc["profiles"]
-    for optional, kind in (("name", str), ("activeProfileIndex", int), ("exporter", str)):
-        assert isinstance(doc.get(optional, kind()), kind)
-    assert 0 <= doc.get("activeProfileIndex", 0) < len(doc["profiles"])
-    units = {"none", "nanoseconds", "microseconds", "milliseconds", "seconds", "bytes"}
-    for p in doc["profiles"]:
-        assert p["type"] == "sampled" and isinstance(p["name"], str) and p["unit"] in units
-        assert isinstance(p["startValue"], int | float) and isinstance(p["endValue"], int | float)
-        assert p["endValue"] >= p["startValue"]
-        assert isinstance(p["samples"], list) and isinstance(p["weights"], list)
-        assert len(p["samples"]) == len(p["weights"])
-        for stack, w in zip(p["samples"], p["weights"], strict=True):
-            assert all(isinstance(i, int) and 0 <= i < len(doc["shared"]["frames"]) for i in stack)
-            assert isinstance(w, int | float) and w >= 0
-        assert p["endValue"] - p["startValue"] == sum(p["weights"])
-
-
 @pytest.mark.parametrize("metric", ["cpu", "wall"])
 def test_speedscope_round_trip_and_schema(profile, metric):
     doc = json.loads(Speedscope(metric).render(profile))
-    _check_speedscope_schema(doc)
+    check_speedscope_schema(doc)
     frames = [(f["name"], f["file"], f["line"]) for f in doc["shared"]["frames"]]
     back = Counter()
     for p in doc["profiles"]:
@@ -102,30 +61,8 @@ def test_speedscope_round_trip_and_schema(profile, metric):
     assert back == expected(profile, metric)
 
 
-def _read_pprof(data):
-    prof = profile_pb2.Profile.FromString(gzip.decompress(data))
-    st = prof.string_table
-    assert st[0] == ""
-    functions = {f.id: f for f in prof.function}
-    locations = {loc.id: loc for loc in prof.location}
-    assert 0 not in functions and 0 not in locations
-    assert len(functions) == len(prof.function) and len(locations) == len(prof.location)
-    types = [(st[t.type], st[t.unit]) for t in prof.sample_type]
-    samples = []
-    for s in prof.sample:
-        assert len(s.value) == len(types)
-        labels = {st[lb.key]: (st[lb.str] if lb.str else lb.num) for lb in s.label}
-        stack = []
-        for lid in reversed(s.location_id):  # the leaf is first in pprof
-            (line,) = locations[lid].line
-            fn = functions[line.function_id]
-            stack.append((st[fn.system_name], st[fn.filename], line.line))
-        samples.append((labels, tuple(stack), dict(zip((t for t, _ in types), s.value, strict=True))))
-    return prof, types, samples
-
-
 def test_pprof_decodes_to_the_same_samples_functions_and_locations(profile):
-    prof, types, samples = _read_pprof(Pprof("wall").encode(profile))
+    prof, types, samples = read_pprof(Pprof("wall").encode(profile))
     st = prof.string_table
     assert types == [
         ("cpu_samples", "count"),
@@ -160,7 +97,7 @@ def test_pprof_names_that_pprof_would_hide_get_their_module():
 
     frames = [Frame("/srv/app.py", "<module>", 1, 3), Frame("/srv/app.py", "f.<locals>.<lambda>", 5, 5)]
     p = Profile(frames, [StackCount(1, (0, 1), 4, 4)], {1: "MainThread"}, {"pid": 1})
-    prof, _, samples = _read_pprof(Pprof().encode(p))
+    prof, _, samples = read_pprof(Pprof().encode(p))
     st = prof.string_table
     assert sorted(st[f.name] for f in prof.function) == ["app.<module>", "f.<locals>.<lambda>"]
     assert samples[0][1] == (("<module>", "/srv/app.py", 3), ("f.<locals>.<lambda>", "/srv/app.py", 5))
@@ -170,20 +107,15 @@ def test_pprof_names_that_pprof_would_hide_get_their_module():
 
 def test_pprof_without_a_known_duration_has_sample_counts_only(profile):
     profile.process["duration_s"] = 0
-    prof, types, _ = _read_pprof(Pprof("cpu").encode(profile))
+    prof, types, _ = read_pprof(Pprof("cpu").encode(profile))
     assert types == [("cpu_samples", "count"), ("wall_samples", "count")]
     assert prof.string_table[prof.default_sample_type] == "cpu_samples"
-
-
-def _html_data(text):
-    m = re.search(r'<script id="dyper-data" type="application/json">(.*?)</script>', text, re.S)
-    return json.loads(m[1])
 
 
 @pytest.mark.parametrize("metric", ["cpu", "wall"])
 def test_html_flame_graph_round_trip_and_self_contained(profile, metric):
     text = FlameGraphHtml(metric).render(profile)
-    data = _html_data(text)
+    data = html_data(text)
     frames = data["frames"]
     back = Counter()
     stack = [(data["tree"], ())]
@@ -216,7 +148,7 @@ def test_html_keeps_hostile_names_inert(profile):
     profile.frames[1] = Frame("/app/x.py", "</script><script>alert(1)</script>&amp;", 10, 11)
     text = FlameGraphHtml("cpu").render(profile)
     assert text.count("</script>") == 2
-    assert any(f[0] == "</script><script>alert(1)</script>&amp;" for f in _html_data(text)["frames"])
+    assert any(f[0] == "</script><script>alert(1)</script>&amp;" for f in html_data(text)["frames"])
 
 
 def test_html_inlines_the_dashboards_renderer_and_reads_no_placeholder_twice(profile):
@@ -226,7 +158,7 @@ def test_html_inlines_the_dashboards_renderer_and_reads_no_placeholder_twice(pro
     text = FlameGraphHtml("cpu").render(profile)
     flame_js = resources.files("dyper.monitor").joinpath("web/static/flame.js").read_text(encoding="utf-8")
     assert text.count(flame_js) == 1  # one renderer: the dashboard's, inlined
-    title = _html_data(text)["title"]
+    title = html_data(text)["title"]
     assert title.startswith("dyper: app.py __DYPER_DATA__ __DYPER_FLAME_JS__")
     assert re.search(r"<title>(.*?)</title>", text)[1] == title  # the page's title, not the data put in its place
 
@@ -243,75 +175,6 @@ def test_html_prunes_big_trees_to_the_largest_frames(profile):
         stack.extend(node[3])
     assert kept <= 6 and data["tree"][2] == profile.total("wall")
     assert "left out" in data["subtitle"]
-
-
-NODE_HARNESS = r"""
-const fs = require("fs");
-const page = fs.readFileSync(process.argv[2], "utf8");
-const data = /<script id="dyper-data" type="application\/json">([\s\S]*?)<\/script>/.exec(page)[1];
-const code = /<script>([\s\S]*?)<\/script>/.exec(page)[1];
-const els = {};
-function element(id) {
-  return {id, style: {}, innerHTML: "", textContent: "", value: "", listeners: {}, children: [],
-    clientWidth: 1000, addEventListener(t, f) { this.listeners[t] = f; }, focus() {},
-    appendChild(c) { this.children.push(c); return c; }};
-}
-function el(id) {
-  if (!els[id]) els[id] = element(id);
-  return els[id];
-}
-el("dyper-data").textContent = data;
-global.document = {getElementById: el, addEventListener() {}, activeElement: null, createElement: () => element()};
-global.window = {addEventListener() {}, innerWidth: 1200};
-new Function(code)();
-// the renderer draws in a div of its own inside #graph
-const graph = el("graph").children[0];
-const api = window.dyperFlame, out = {};
-out.first = graph.innerHTML;
-out.title = el("title").textContent;
-const f = api.find("f");
-api.zoomTo(f);
-out.zoomed = graph.innerHTML;
-out.details = el("details").textContent;
-api.search("dumps");
-out.status = el("status").innerHTML;
-out.searched = graph.innerHTML;
-// a click on a frame's box zooms the way the page does it
-api.search("");
-graph.listeners.click({target: {getAttribute: (k) => (k === "data-i" ? String(api.find("g")) : null)}});
-out.clicked = el("details").textContent;
-api.reset();
-api.flip();
-out.flipped = graph.innerHTML;
-console.log(JSON.stringify(out));
-"""
-
-
-@pytest.mark.skipif(shutil.which("node") is None, reason="needs node to run the page's script")
-def test_html_flame_graph_script_renders_zooms_and_searches(profile, tmp_path):
-    page = tmp_path / "fg.html"
-    FlameGraphHtml("cpu").write(profile, page)
-    harness = tmp_path / "harness.js"
-    harness.write_text(NODE_HARNESS)
-    proc = subprocess.run(["node", str(harness), str(page)], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout)
-    box = r'<div class="([^"]*)" data-i="(\d+)" style="left:([\d.]+)px;top:(\d+)px;width:([\d.]+)px'
-    boxes = re.findall(box, out["first"])
-    assert out["title"].startswith("dyper: python app.py")
-    assert ">main<" in out["first"] and ">f<" in out["first"] and ">MainThread (7)<" in out["first"]
-    root = [b for b in boxes if b[3] == "0"]
-    assert len(root) == 1 and float(root[0][4]) == pytest.approx(999.0)  # the root spans the page (less 1 px)
-    # zoomed on f: f spans the page; its ancestors stay above it, dimmed
-    assert "n anc" in out["zoomed"] and out["details"].startswith("f\n/app/app.py:11\ntotal 45 cpu samples")
-    # search: dumps is 5 of 52 cpu samples, and 5 of the 45 under f
-    assert "9.6%</b> of all (5 cpu samples), 11.1% of the zoomed frame" in out["status"]
-    assert re.search(r'class="n[^"]* hit[^"]*"[^>]*>dumps<', out["searched"]) and " miss" in out["searched"]
-    assert out["clicked"].startswith("g\n")
-    # root at the bottom: the root's box is on the lowest row
-    flipped = re.findall(box, out["flipped"])
-    root = [b for b in flipped if b[1] == "0"]
-    assert int(root[0][3]) == max(int(b[3]) for b in flipped) > 0
 
 
 def test_exporters_by_name_and_by_file_name():

@@ -11,7 +11,6 @@ hello and report, and can still show every session it has.
 from __future__ import annotations
 
 import json
-import math
 import os
 import tracemalloc
 from collections.abc import Iterator
@@ -25,13 +24,13 @@ from hypothesis import strategies as st
 from dyper.agent import protocol
 from dyper.agent.core import Agent
 from dyper.monitor.server import Monitor
+from tests.factories import AGENT, WRONG, broken_reports, never_valid, report_bodies
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 #: Memory one frame may cost beyond MAX_EXPANSION times its size: the handler's own
 #: bookkeeping (a session, its analyzers, the reply) is a few hundred KiB at most.
 SLACK_BYTES = 512 * 1024
 
-AGENT = "fuzz-host:4242:0123456789ab"
 IDENT = AGENT.encode()
 
 
@@ -51,66 +50,6 @@ def hello(base: dict[str, Any], agent: str = AGENT, pid: int = 4242, start_time:
 
 
 # --- valid bodies, in the shapes agent/core.py sends -------------------------------------------
-
-texts = st.text(max_size=40)
-finite = st.floats(min_value=0.0, max_value=1e6, allow_nan=False, allow_infinity=False)
-flags = st.sampled_from(
-    [
-        0,
-        protocol.LOC_AGENT,
-        protocol.LOC_BLOCKING | protocol.LOC_IO,
-        protocol.LOC_BLOCKING | protocol.LOC_LOCK,
-        protocol.LOC_BLOCKING | protocol.LOC_SLEEP,
-        protocol.LOC_BLOCKING | protocol.LOC_WAIT,
-    ]
-)
-
-
-@st.composite
-def report_bodies(draw: st.DrawFn, agent: str = AGENT) -> dict[str, Any]:
-    n_strings = draw(st.integers(1, 12))
-    strings = [[i, t] for i, t in enumerate(draw(st.lists(texts, min_size=n_strings, max_size=n_strings)))]
-    sid = st.integers(0, n_strings - 1)
-    n_locs = draw(st.integers(1, 20))
-    line = st.integers(-1, 100_000)
-    rows = draw(st.lists(st.tuples(sid, sid, line, line, flags), min_size=n_locs, max_size=n_locs))
-    locs = [[i, *row] for i, row in enumerate(rows)]
-    tid = st.integers(1, 2**47)
-    stacks = draw(
-        st.lists(
-            st.tuples(tid, st.integers(1, 500), st.lists(st.integers(0, n_locs - 1), max_size=30)).map(list),
-            max_size=20,
-        )
-    )
-    costs = {k: draw(finite) / 1e6 for k in ("sample", "report", "detail", "wake")}
-    cost = st.floats(min_value=0.0, max_value=1e4, allow_nan=False)
-    proflet = st.fixed_dictionaries(
-        {"ovhd_ms": cost, "slow": cost, "itvl_ms": cost, "prty": st.floats(0.0, 1.0), "allows": st.lists(texts)}
-    )
-    return {
-        "agent": agent,
-        "seq": draw(st.integers(0, 10**6)),
-        "epoch": 0,
-        "t": 1.7e9 + draw(st.floats(0, 1e6)),
-        "window_s": draw(st.floats(0.0, 60.0)),
-        "strings": strings,
-        "locs": locs,
-        "stacks": stacks,
-        "samples": draw(st.integers(0, 10_000)),
-        "threads": [[s[0], draw(texts)] for s in stacks[:3]],
-        "costs": costs,
-        "unit_costs": {"sample": 1e-4, "report": 2e-3},
-        "spent_s": draw(finite),
-        "startup_s": draw(finite),
-        "elapsed_s": draw(finite),
-        "budget": draw(st.floats(protocol.MIN_BUDGET, protocol.MAX_BUDGET)),
-        "delays": {"sample": 0.01, "report": 1.0, "sample_lag": 0.0},
-        "dropped": {"reports": 0, "samples": draw(st.integers(0, 100)), "bad_messages": 0},
-        "errors": draw(st.lists(texts, max_size=2)),
-        "mode": draw(st.sampled_from(["local", "monitor"])),
-        "proflets": draw(st.dictionaries(st.sampled_from(["cpu", "threads", "io"]), proflet, max_size=2)),
-        "details": [],
-    }
 
 
 def sample_report(**over: Any) -> dict[str, Any]:
@@ -136,10 +75,6 @@ def sample_report(**over: Any) -> dict[str, Any]:
 
 # --- what goes wrong ---------------------------------------------------------------------------
 
-#: Values no field of a monitor-bound message takes (bytes, NaN, infinities, out-of-range integers).
-never_valid = st.sampled_from(
-    [b"\x00bytes", math.nan, math.inf, -math.inf, 2**64 - 1, -(2**63), 2**63, msgpack.ExtType(5, b"x")]
-)
 #: Plain data of every shape: what a newer agent might send in a field we do not know.
 plain = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text(max_size=20) | st.binary(),
@@ -148,44 +83,6 @@ plain = st.recursive(
 )
 
 
-def nested(depth: int) -> Any:
-    v: Any = []
-    for _ in range(depth):
-        v = [v]
-    return v
-
-
-#: Field -> values that are wrong for it (types, ranges), beyond never_valid.
-WRONG: dict[str, list[Any]] = {
-    "agent": [1, None, [], {}, True],
-    "seq": [-1, "1", 1.5, True, None],
-    "epoch": [-1, "0", 0.5],
-    "t": [-1.0, "now", 1e300, None],
-    "window_s": [-0.5, "1", None],
-    "samples": [-1, 2**32, 1.0],
-    "strings": [[[-1, "x"]], [[0, b"x"]], [[0]], [["0", "x"]], "x", [[0, "x", 1]]],
-    "locs": [[[0, 0, 0, 1, 1]], [[-1, 0, 0, 1, 1, 0]], [[0, 0, 0, 2**31, 1, 0]], [[0, 0, 0, 1, 1, -1]], [[0, "f"]]],
-    "stacks": [[[1, -3, [0]]], [[1, 2**32, [0]]], [[1, 1, [-1]]], [[1, 1, ["0"]]], [[1, 1]], [[2**64 - 1, 1, [0]]]],
-    "threads": [[[1]], [["t", "x"]]],
-    "costs": [{"sample": "x"}, {"sample": None}, [1.0], {"sample": math.nan}],
-    "unit_costs": [{"sample": -math.inf}],
-    "budget": [0.0, -0.01, 1.5, "1%"],
-    "delays": [{"sample": "fast"}],
-    "dropped": [{"samples": -1}, {"samples": 1.5}],
-    "errors": [[1], [None]],
-    "mode": [1],
-    "proflets": [
-        {"cpu": {"ovhd_ms": -1.0}},
-        {"cpu": {"slow": -1.0}},
-        {"cpu": {"prty": math.nan}},
-        {"cpu": {"itvl_ms": 1e300}},
-        {"cpu": {"allows": [1]}},
-        {"cpu": "off"},
-        {"cpu": {"off": 3}},
-    ],
-    "details": [[{"proflet": 1}], [{}], ["x"], [{"proflet": "cpu", "x": nested(40)}]],
-    "data": [{"cpu": []}, {"cpu": {"x": nested(40)}}, {"cpu": {b"k": 1}}],
-}
 HELLO_WRONG: dict[str, list[Any]] = {
     "pid": [0, -1, 2**31, "1", 1.0],
     "start_time": [-1.0, "x", 1e300],
@@ -196,15 +93,6 @@ HELLO_WRONG: dict[str, list[Any]] = {
     "capabilities": [[None]],
     "ceiling": [0.0, 7.0],
 }
-
-
-@st.composite
-def broken_reports(draw: st.DrawFn) -> dict[str, Any]:
-    """A report with one field made wrong: a type, a range, a non-finite number, too deep."""
-    body = draw(report_bodies())
-    field = draw(st.sampled_from(sorted(WRONG)))
-    body[field] = draw(st.sampled_from(WRONG[field]) | never_valid)
-    return body
 
 
 @st.composite

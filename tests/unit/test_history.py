@@ -12,7 +12,7 @@ from dyper.monitor.model.profile import Profile
 from dyper.monitor.server import Monitor
 from dyper.monitor.session import WINDOW_RETENTION_S
 from dyper.monitor.windows import WindowSpec
-from tests.unit.test_session_profile import HELLO, make_report, session_with
+from tests.factories import HELLO, make_report, session_with
 
 ID = b"h:1:x"
 

@@ -27,9 +27,7 @@ from dyper.proflets.base import KINDS, ReportView
 from dyper.proflets.cpu import analyzer as cpu
 from dyper.proflets.io.analyzer import IoAnalyzer
 from dyper.proflets.threads.analyzer import ThreadsAnalyzer
-from tests.unit import test_io as io_case
-from tests.unit.test_fuzz_intake import broken_reports, report_bodies
-from tests.unit.test_session_profile import HELLO, make_report
+from tests.factories import HELLO, IO_APP, broken_reports, io_report, io_session, make_report, report_bodies
 
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 KEY = ("h", 1, 100.0)
@@ -247,7 +245,7 @@ def recomputed_io_priority(analyzer: IoAnalyzer) -> float:
 
 
 def test_the_io_priority_from_running_sums_is_the_recomputed_one() -> None:
-    s = io_case._session()
+    s = io_session()
     state = s.agents["h:1:x"]
     analyzer = s.analyzers["io"]
     assert isinstance(analyzer, IoAnalyzer)
@@ -259,9 +257,9 @@ def test_the_io_priority_from_running_sums_is_the_recomputed_one() -> None:
         stacks = [(rng.choice([7, 8, 9]), rng.randint(1, 50), rng.choice(shapes)) for _ in range(4)]
         data: dict[str, Any] = {}
         if seq == 30:  # the collector names a call at last: what counts as I/O changes for the old windows too
-            data["calls"] = [[io_case.APP, "buffered", 20, 21, "read", False]]
+            data["calls"] = [[IO_APP, "buffered", 20, 21, "read", False]]
             before = recomputed_io_priority(analyzer)
-        s.ingest(state, io_case._report(t, stacks, data))
+        s.ingest(state, io_report(t, stacks, data))
         assert analyzer.priority() == recomputed_io_priority(analyzer)
     assert recomputed_io_priority(analyzer) != before
 

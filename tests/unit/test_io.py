@@ -26,6 +26,7 @@ from dyper.proflets.io import common as iop
 from dyper.proflets.io.analyzer import IoAnalyzer
 from dyper.proflets.io.collector import IoCollector, read_io
 from dyper.proflets.io.common import Hit, classify, dotted_name, load_routines
+from tests.factories import IO_HELLO, io_session
 
 ROOTS = library_roots({"stdlib": "/usr/lib/python3.11", "purelib": "/usr/lib/python3.11/site-packages"})
 
@@ -272,59 +273,9 @@ def test_without_sites_a_burst_reads_the_counters_only() -> None:
 
 # --- the analyzer on a real session ------------------------------------------------------
 
-HELLO = {"agent": "h:1:x", "host": "h", "pid": 1, "budget": 0.01, "paths": {"stdlib": "/usr/lib/python3.11"}}
-APP, SOCKET_PY = "/app/app.py", "/usr/lib/python3.11/socket.py"
-
-
-def _report(t: float, stacks: list[tuple[int, int, list[int]]], data: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    """Locations: 0 reader's recv call (app.py:12, blocking I/O), 1 reader's loop (app.py:11),
-    2 main's line (app.py:3), 3 SocketIO.readinto's recv_into call (socket.py:700, blocking I/O),
-    4 buffered's read call (app.py:21)."""
-    strings = [[0, APP], [1, "reader"], [2, "main"], [3, SOCKET_PY], [4, "SocketIO.readinto"], [5, "buffered"]]
-    io_flags = LOC_BLOCKING | LOC_IO
-    locs = [[0, 0, 1, 10, 12, io_flags], [1, 0, 1, 10, 11, 0], [2, 0, 2, 1, 3, 0], [3, 3, 4, 690, 700, io_flags]]
-    locs.append([4, 0, 5, 20, 21, 0])
-    return {
-        "seq": int(t),
-        "epoch": 0,
-        "t": t,
-        "window_s": 1.0,
-        "strings": strings,
-        "locs": locs,
-        "stacks": [[tid, n, s] for tid, n, s in stacks],
-        "samples": 100,
-        "threads": [[7, "reader"], [8, "spinner"], [9, "buffered"]],
-        "data": {"io": data},
-        "elapsed_s": t - 1000.0,
-        **extra,
-    }
-
-
-def _session() -> Session:
-    s = Session(("h", 1, 100.0), HELLO, FrameTable())
-    state = s.add_agent(HELLO)
-    calls = [[APP, "reader", 10, 12, "recv", 1], [SOCKET_PY, "SocketIO.readinto", 690, 700, "recv_into", 1]]
-    stacks = [(7, 90, [0]), (7, 10, [1]), (8, 100, [2]), (9, 100, [3, 4])]
-    counters = [1000, 2000, 10, 20, 0, 0]
-    s.ingest(state, _report(1001.0, stacks, {"calls": calls, "io": counters, "since": [5.0, 0]}))
-    burst = {
-        "proflet": "io",
-        "length_s": 2.0,
-        "fixed_s": 0.001,
-        "slowdown_s": 0.0002,
-        "counted": True,
-        "call_cost_s": 1e-6,
-        "sites": [[APP, "reader", 10, 12, "socket.recv", 100, 0.5, 100], [APP, "buffered", 20, 21, "x", 40, 0.8, 40]],
-        "threads": [[7, 4000, 0, 4, 0, 0, 0]],
-        "threads_s": 2.0,
-    }
-    counters2 = [1000 + 3000, 2000 + 500, 10 + 3, 20 + 1, 0, 4096]
-    s.ingest(state, _report(1002.0, stacks, {"io": counters2, "since": [5.0, 0]}, details=[burst]))
-    return s
-
 
 def test_the_analyzer_names_routines_callers_and_threads() -> None:
-    s = _session()
+    s = io_session()
     analyzer = s.analyzers["io"]
     assert isinstance(analyzer, IoAnalyzer)
     result = analyzer.results()
@@ -357,7 +308,7 @@ def test_the_analyzer_names_routines_callers_and_threads() -> None:
 
 
 def test_a_new_collector_starts_its_own_differences() -> None:
-    s = _session()
+    s = io_session()
     analyzer = s.analyzers["io"]
     assert isinstance(analyzer, IoAnalyzer)
     view = ReportView(t=1003.0, window_s=1.0, samples=0, data={"io": [5, 5, 0, 0, 0, 0], "since": [9.0, 0]})
@@ -366,9 +317,9 @@ def test_a_new_collector_starts_its_own_differences() -> None:
 
 
 def test_history_keeps_what_the_samples_cannot_give_back() -> None:
-    s = _session()
+    s = io_session()
     kept = s.analyzers["io"].state()
-    again = Session.restore(("h", 1, 100.0), HELLO, FrameTable(), {"analyzers": {"io": kept}}, {})
+    again = Session.restore(("h", 1, 100.0), IO_HELLO, FrameTable(), {"analyzers": {"io": kept}}, {})
     # the counts come back through history's own tables; here, the same frames and counts again
     again.frames = s.frames
     again.counts = s.counts

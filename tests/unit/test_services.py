@@ -8,39 +8,7 @@ from dyper.monitor.profile import build_profile
 from dyper.monitor.services import group, service_of
 from dyper.monitor.session import FrameTable, Session
 from dyper.monitor.windows import WindowSpec
-
-
-def hello(pid: int, ppid: int, start: float, host: str = "h", **extra: Any) -> dict[str, Any]:
-    return {
-        "agent": f"{host}:{pid}:a",
-        "host": host,
-        "pid": pid,
-        "ppid": ppid,
-        "start_time": start,
-        "argv": ["/usr/bin/python3.12", "/srv/bin/gunicorn", "-w", "2", "app:app"],
-        "python": "3.12.1",
-        "budget": 0.01,
-        **extra,
-    }
-
-
-def report(agent: str, work: str, count: int, *, t: float, seq: int) -> dict[str, Any]:
-    """One report whose only stack is main -> ``work`` (app.py), ``count`` samples."""
-    return {
-        "agent": agent,
-        "seq": seq,
-        "epoch": 0,
-        "t": t,
-        "window_s": 1.0,
-        "strings": [[0, "/srv/app.py"], [1, "main"], [2, work]],
-        "locs": [[0, 0, 1, 1, 2, 0], [1, 0, 2, 10, 11, 0]],
-        "stacks": [[7, count, [1, 0]]],
-        "samples": count,
-        "threads": [[7, "MainThread"]],
-        "spent_s": 0.01 * seq,
-        "elapsed_s": 1.0 * seq,
-        "budget": 0.01,
-    }
+from tests.factories import hello, report
 
 
 def session(frames: FrameTable, h: dict[str, Any]) -> Session:

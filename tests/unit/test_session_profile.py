@@ -2,69 +2,12 @@ import json
 
 import pytest
 
-from dyper.agent.protocol import LOC_BLOCKING
 from dyper.monitor.exports import Collapsed, OwnJson, Speedscope, exporter_for
 from dyper.monitor.model.profile import Profile
 from dyper.monitor.profile import build_profile
-from dyper.monitor.session import FrameTable, Session, UnknownLocation
+from dyper.monitor.session import UnknownLocation
 from dyper.monitor.windows import WindowSpec
-
-HELLO = {
-    "agent": "h:1:x",
-    "host": "h",
-    "pid": 1,
-    "start_time": 100.0,
-    "argv": ["python", "app.py"],
-    "python": "3.11.7",
-    "budget": 0.01,
-    "paths": {"stdlib": "/usr/lib/python3.11", "purelib": "/site"},
-}
-
-
-def make_report(stacks, *, seq=0, with_tables=True, t=1000.0, samples=None):
-    """stacks: list of (tid, count, [loc ids leaf first]). Locations:
-    0 main (app.py:1), 1 f (app.py:10), 2 g (app.py:20), 3 sleep-call in main (blocking),
-    4 json.dumps (stdlib), 5 recursive r (app.py:30)."""
-    strings = [
-        [0, "/app/app.py"],
-        [1, "main"],
-        [2, "f"],
-        [3, "g"],
-        [4, "/usr/lib/python3.11/json/__init__.py"],
-        [5, "dumps"],
-        [6, "r"],
-    ]
-    locs = [
-        [0, 0, 1, 1, 2, 0],
-        [1, 0, 2, 10, 11, 0],
-        [2, 0, 3, 20, 21, 0],
-        [3, 0, 1, 1, 3, LOC_BLOCKING],
-        [4, 4, 5, 200, 231, 0],
-        [5, 0, 6, 30, 31, 0],
-    ]
-    return {
-        "agent": "h:1:x",
-        "seq": seq,
-        "epoch": 0,
-        "t": t,
-        "window_s": 1.0,
-        "strings": strings if with_tables else [],
-        "locs": locs if with_tables else [],
-        "stacks": [[tid, n, s] for tid, n, s in stacks],
-        "samples": samples if samples is not None else sum(n for _, n, _ in stacks),
-        "threads": [[7, "MainThread"], [8, "worker"]],
-        "spent_s": 0.01,
-        "elapsed_s": 1.0,
-        "budget": 0.01,
-    }
-
-
-def session_with(*reports):
-    s = Session(("h", 1, 100.0), HELLO, FrameTable())
-    state = s.add_agent(HELLO)
-    for r in reports:
-        s.ingest(state, r)
-    return s
+from tests.factories import make_report, session_with
 
 
 def test_functions_self_and_total_and_blocking_excluded_from_cpu():

@@ -11,13 +11,13 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from types import CodeType
 from typing import Any
 
 import pytest
 
 from dyper.agent import core
+from tests.factories import running_ticker, spin_here, ticker_threads
 
 fast: Any = core._fast
 pytestmark = pytest.mark.skipif(fast is None or not getattr(fast, "TICKER", 0), reason="no C ticker on this platform")
@@ -44,27 +44,8 @@ class Recorder:
 
 @pytest.fixture
 def ticker() -> Iterator[tuple[int, int]]:
-    r, w = os.pipe()
-    os.set_blocking(r, False)
-    os.set_blocking(w, False)
-    # The "agent" thread: a thread that exists but is never sampled.
-    agent_ident = threading.get_ident() + 1
-    fast.ticker_start(agent_ident, w)
-    try:
-        yield r, agent_ident
-    finally:
-        fast.ticker_stop()
-        os.close(r)
-        os.close(w)
-
-
-def spin_here(seconds: float) -> int:
-    end = time.monotonic() + seconds
-    n = 0
-    while time.monotonic() < end:
-        for i in range(200):
-            n += i * i
-    return n
+    with running_ticker() as started:
+        yield started
 
 
 def wait_for_samples(minimum: int, timeout: float = 10.0) -> dict[str, Any]:
@@ -243,23 +224,12 @@ def test_drained_counts_add_up_to_the_samples(ticker: tuple[int, int]) -> None:
     assert fast.ticker_drain(counts, rec.locs, rec.new_loc) == 0
 
 
-def _ticker_threads() -> int:
-    n = 0
-    for task in Path("/proc/self/task").iterdir():
-        try:
-            if (task / "comm").read_text().strip() == "dyper-ticker":
-                n += 1
-        except OSError:
-            pass
-    return n
-
-
 def test_stop_joins_the_thread_and_start_again_works() -> None:
     r, w = os.pipe()
     try:
         for _ in range(3):
             fast.ticker_start(threading.get_ident() + 1, w)
-            assert _ticker_threads() == 1
+            assert ticker_threads() == 1
             with pytest.raises(RuntimeError):
                 fast.ticker_start(threading.get_ident() + 1, w)
             fast.ticker_set(0.002, 0.25, 1.0, BIG, BIG)
@@ -267,9 +237,9 @@ def test_stop_joins_the_thread_and_start_again_works() -> None:
             fast.ticker_stop()
             # Joined; the kernel may list the task for a moment after the join.
             deadline = time.monotonic() + 5
-            while _ticker_threads() and time.monotonic() < deadline:
+            while ticker_threads() and time.monotonic() < deadline:
                 time.sleep(0.01)
-            assert _ticker_threads() == 0
+            assert ticker_threads() == 0
             fast.ticker_drain({}, {}, lambda *a: 0)
         fast.ticker_stop()  # stopping a stopped ticker is a no-op
     finally:
@@ -286,38 +256,3 @@ def test_bad_arguments() -> None:
         fast.ticker_drain([], {}, len)
     with pytest.raises(ValueError):
         fast.ticker_start(1, -5)
-
-
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_the_ticker_works_in_a_forked_child(ticker: tuple[int, int]) -> None:
-    fast.ticker_set(0.002, 0.25, 1.0, BIG, BIG)
-    spin_here(0.1)
-    pid = os.fork()
-    if pid == 0:  # the child: no ticker thread came along; a new one starts
-        code = 1
-        try:
-            _r, w = os.pipe()
-            fast.ticker_stop()  # nothing to join
-            fast.ticker_start(threading.get_ident() + 1, w)
-            fast.ticker_set(0.002, 0.25, 1.0, BIG, BIG)
-            # Spin until the new ticker has sampled a few times: 0.4 s is
-            # plenty when idle, a loaded CI machine may need longer.
-            counts: dict[tuple[int, tuple[int, ...]], int] = {}
-            n = 0
-            deadline = time.monotonic() + 10
-            while n <= 10 and time.monotonic() < deadline:
-                spin_here(0.2)
-                n += fast.ticker_drain(counts, {}, lambda *a: 0)
-            fast.ticker_stop()
-            deadline = time.monotonic() + 5
-            while _ticker_threads() and time.monotonic() < deadline:
-                time.sleep(0.01)
-            # Distinct codes say which half failed.
-            code = 2 if n <= 10 else 3 if _ticker_threads() else 0
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    code = os.waitstatus_to_exitcode(status)
-    assert code != 2, "the child's new ticker took at most 10 samples in 10 s"
-    assert code != 3, "the child's ticker thread outlived ticker_stop by 5 s"
-    assert code == 0

@@ -3,11 +3,19 @@
 Usage: planted_lock.py [SECONDS]
 
 Per cycle the main thread holds the lock for 0.3 s (asleep: not a bottleneck),
-then computes for about 60 ms without it. The consumer thread spends nearly
-all its time blocked in lock.acquire(): about 85% of the busy samples are that
-wait, and about 15% are compute(). (At 30 ms, compute() came out at 8%, and at
-4.6% on a machine so loaded that the main thread was often preempted holding
-the GIL, under the diagnosis's 5% threshold.)
+then computes for 40 ms of its own CPU time without it. The consumer thread
+spends nearly all its time blocked in lock.acquire(): on an idle machine about
+88% of the busy samples are that wait and about 12% are compute().
+
+compute() is bounded by the thread's CPU time, not by the clock. Bounded by
+the clock, a loaded machine that preempts the main thread (holding the GIL)
+gave compute() a few ms of CPU a cycle and fewer samples than its wall time:
+its share fell under the diagnosis's 5% threshold (30 ms: 4.6% on CI at
+547beae; 60 ms: 4.1% with two busy loops on two cores). Bounded by CPU time,
+load only stretches compute() in wall time, which adds to its share (14% to
+29% in the same conditions); the wait keeps at least half of the busy samples while
+compute() takes less than 0.3 s of wall time, that is while the main thread
+gets more than an eighth of a core.
 """
 
 import sys
@@ -26,9 +34,9 @@ def consumer():
 
 
 def compute(seconds):
-    end = time.perf_counter() + seconds
+    end = time.thread_time() + seconds
     total = 0
-    while time.perf_counter() < end:
+    while time.thread_time() < end:
         for i in range(1000):
             total += i * i
     return total
@@ -41,7 +49,7 @@ def main(seconds):
         lock.acquire()
         time.sleep(0.3)
         lock.release()
-        compute(0.06)
+        compute(0.04)
     done.set()
 
 

@@ -19,7 +19,7 @@ from dyper.agent import protocol
 from dyper.agent.core import Agent
 from dyper.monitor.profile import build_profile
 from dyper.monitor.report import report_of
-from tests.unit.test_session_profile import make_report, session_with
+from tests.factories import make_report, session_with
 
 
 class Monitor:
