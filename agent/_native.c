@@ -234,10 +234,41 @@ gil_holder_at(uintptr_t addr)
 #endif
 }
 
-static uintptr_t
-gil_holder(void)
+/* The main interpreter's GIL lives in static memory (_PyRuntime), which
+ * cannot go away: read it directly, with relaxed atomic loads. Anything
+ * else through a safe read. */
+static int gil_static;
+
+typedef struct {
+    uintptr_t last_holder;
+    unsigned long switch_number;
+    int locked;
+} gil_view;
+
+/* The GIL's state, with the thread that last took it even if it let go. A
+ * change of holder bumps switch_number (take_gil), so a thread that was not
+ * the last holder at one reading, with the same switch_number at a later
+ * one, did not run Python code in between, and its frames did not change. */
+static int
+gil_read(gil_view *v)
 {
-    return gil_holder_at(gil_addr);
+    struct _gil_runtime_state local;
+    struct _gil_runtime_state *g = &local;
+    if (gil_static) {
+        g = (struct _gil_runtime_state *)gil_addr;
+    }
+    else if (safe_read(&local, gil_addr, sizeof(local)) < 0) {
+        return -1;
+    }
+#if PY_VERSION_HEX >= 0x030D0000
+    v->locked = __atomic_load_n(&g->locked, __ATOMIC_ACQUIRE);
+    v->last_holder = (uintptr_t)__atomic_load_n(&g->last_holder, __ATOMIC_RELAXED);
+#else
+    v->locked = __atomic_load_n(&g->locked._value, __ATOMIC_ACQUIRE);
+    v->last_holder = __atomic_load_n(&g->last_holder._value, __ATOMIC_RELAXED);
+#endif
+    v->switch_number = __atomic_load_n(&g->switch_number, __ATOMIC_RELAXED);
+    return 0;
 }
 
 static uintptr_t
@@ -320,6 +351,13 @@ typedef struct {
     double mean_s, spread;
     uint64_t gen;
     uint64_t rng;
+    /* The agent's budget guard between two of its wake-ups (as the ticker's
+     * in _fastsample.c): seconds of the sampler's CPU allowed per second,
+     * seconds available now and at most; rate 0: no bucket. Under mu. */
+    double rate, tokens, cap, tokens_at, cost_s;
+    double late_s;           /* moving average of how late the thread wakes */
+    int wake_fd;             /* written when the ring fills: the agent drains */
+    int woken;               /* a byte was written since the last drain */
 
     /* serialises ticks (the thread's, and sample_once()'s) */
     pthread_mutex_t tick_mu;
@@ -446,6 +484,80 @@ typedef struct {
 static seen_frame seen_buf[MAX_VISITED];   /* under tick_mu, or import-time only */
 static int n_seen;
 
+/* A copy of the top of the walked thread's data stack (where CPython keeps
+ * the frames of the running thread's calls): one read for most of a walk
+ * instead of one per frame. Frames outside it are read one by one. */
+#define REGION_MAX (64 * 1024)
+static unsigned char region_buf[REGION_MAX] __attribute__((aligned(16)));
+static uintptr_t region_lo, region_hi;   /* empty: lo == hi */
+
+static int
+read_frame(_PyInterpreterFrame *dst, uintptr_t f)
+{
+    if (f >= region_lo && f < region_hi && region_hi - f >= FRAME_HEAD_SIZE) {
+        memcpy(dst, region_buf + (f - region_lo), FRAME_HEAD_SIZE);
+        return 0;
+    }
+    return safe_read(dst, f, FRAME_HEAD_SIZE);
+}
+
+/* The headers of the code objects read lately: the threads of a program
+ * share most of their code, and run the same code sample after sample. An
+ * entry is used for CODE_TTL_NS at most. A frame that really is one points
+ * to a live code object, so the entry for its address is that object's
+ * unless the object died and another took its place within the TTL; then
+ * the check word recorded is the old object's, and the drain, which
+ * validates every address the tables do not hold yet, refuses it (a
+ * location the tables hold is alive: its address is still it). The frames
+ * themselves are verified (verify()), so a torn chain does not get here. */
+#define CODE_SLOTS 1024
+#define CODE_TTL_NS 250000000ULL
+typedef struct {
+    uintptr_t addr;
+    uint64_t tick;            /* when read (CLOCK_MONOTONIC ns) */
+    Py_ssize_t size;
+    int firsttraceable;
+    uint32_t check;
+} code_slot;
+static code_slot code_cache[CODE_SLOTS];
+static uint64_t code_tick;   /* now (ns) in this tick; 0: do not cache */
+
+/* The header fields walk() needs of the code object at `code`; -1 if it is
+ * not one. */
+static int
+read_code(uintptr_t code, Py_ssize_t *size, int *firsttraceable, uint32_t *check)
+{
+    code_slot *slot = NULL;
+    if (code_tick != 0) {
+        slot = &code_cache[((code >> 4) * 0x9E3779B97F4A7C15ULL >> 40) % CODE_SLOTS];
+        if (slot->addr == code && code_tick - slot->tick < CODE_TTL_NS) {
+            *size = slot->size;
+            *firsttraceable = slot->firsttraceable;
+            *check = slot->check;
+            return 0;
+        }
+    }
+    PyCodeObject cbuf;   /* only the first CODE_HEAD_SIZE bytes are read */
+    const PyCodeObject *c = &cbuf;
+    if ((code & (sizeof(void *) - 1)) != 0 || safe_read(&cbuf, code, CODE_HEAD_SIZE) < 0) {
+        return -1;
+    }
+    if (Py_TYPE((PyObject *)c) != &PyCode_Type || !plausible_refcnt(Py_REFCNT((PyObject *)c))) {
+        return -1;
+    }
+    *size = Py_SIZE((PyObject *)c);
+    *firsttraceable = c->_co_firsttraceable;
+    *check = code_check(c);
+    if (slot != NULL) {
+        slot->addr = code;
+        slot->tick = code_tick;
+        slot->size = *size;
+        slot->firsttraceable = *firsttraceable;
+        slot->check = *check;
+    }
+    return 0;
+}
+
 /* Walk one thread's frames into `out` (leaf first). Returns the depth, or -1
  * if the walk failed a check (the sample is dropped). */
 static int
@@ -455,7 +567,6 @@ walk(uintptr_t top, frame_rec *out, int cap, int *truncated)
     int visited = 0;
     uintptr_t f = top;
     _PyInterpreterFrame fbuf;   /* only the first FRAME_HEAD_SIZE bytes are read */
-    PyCodeObject cbuf;          /* only the first CODE_HEAD_SIZE bytes are read */
     *truncated = 0;
     n_seen = 0;
     while (f != 0) {
@@ -466,7 +577,7 @@ walk(uintptr_t top, frame_rec *out, int cap, int *truncated)
             *truncated = 1;
             break;
         }
-        if ((f & (sizeof(void *) - 1)) != 0 || safe_read(&fbuf, f, FRAME_HEAD_SIZE) < 0) {
+        if ((f & (sizeof(void *) - 1)) != 0 || read_frame(&fbuf, f) < 0) {
             return -1;
         }
         const _PyInterpreterFrame *fr = &fbuf;
@@ -485,14 +596,12 @@ walk(uintptr_t top, frame_rec *out, int cap, int *truncated)
             continue;
         }
         uintptr_t code = frame_code_addr(fr);
-        if ((code & (sizeof(void *) - 1)) != 0 || safe_read(&cbuf, code, CODE_HEAD_SIZE) < 0) {
+        Py_ssize_t size;
+        int firsttraceable;
+        uint32_t check;
+        if (read_code(code, &size, &firsttraceable, &check) < 0) {
             return -1;
         }
-        const PyCodeObject *c = &cbuf;
-        if (Py_TYPE((PyObject *)c) != &PyCode_Type || !plausible_refcnt(Py_REFCNT((PyObject *)c))) {
-            return -1;
-        }
-        Py_ssize_t size = Py_SIZE((PyObject *)c);
         intptr_t diff = (intptr_t)(frame_instr_addr(fr) - (code + CODE_HEAD_SIZE));
         if (size <= 0 || diff % (intptr_t)sizeof(_Py_CODEUNIT) != 0) {
             return -1;
@@ -501,13 +610,13 @@ walk(uintptr_t top, frame_rec *out, int cap, int *truncated)
         if (units < -1 || units >= size) {
             return -1;
         }
-        if (owner != FRAME_OWNED_BY_GENERATOR && units < c->_co_firsttraceable) {
+        if (owner != FRAME_OWNED_BY_GENERATOR && units < firsttraceable) {
             f = prev;    /* incomplete: not shown by f_back either */
             continue;
         }
         out[depth].code = code;
         out[depth].lasti = (int32_t)units;
-        out[depth].check = code_check(c);
+        out[depth].check = check;
         depth++;
         f = prev;
     }
@@ -584,8 +693,18 @@ ring_commit(int ns, int nf_total)
         dst->frame_start = start;
         ring->s_head++;
     }
+    int wake = ring->s_head - ring->s_tail >= RING_SAMPLES / 4 && !S->woken;
+    if (wake) {
+        S->woken = 1;
+    }
     pthread_mutex_unlock(&ring->mu);
     (void)nf_total;
+    int fd = __atomic_load_n(&S->wake_fd, __ATOMIC_ACQUIRE);
+    if (wake && fd >= 0) {
+        char c = 'n';
+        ssize_t rc = write(fd, &c, 1);   /* non-blocking pipe; a full one wakes it already */
+        (void)rc;
+    }
     if (dropped) {
         add(&S->overflow, dropped);
     }
@@ -597,6 +716,7 @@ tick_once(void)
 {
     uint64_t t0 = now_ns(CLOCK_MONOTONIC);
     S->tick++;
+    code_tick = t0;
     int ns = 0, nf = 0;
     const int fcap = (int)(sizeof(S->scratch_f) / sizeof(S->scratch_f[0]));
     uintptr_t ts_addr;
@@ -639,17 +759,37 @@ tick_once(void)
             ts_addr = next;
             continue;
         }
+        gil_view g0 = {0, 0, 0}, g1 = {0, 0, 0};
+        int have_g = gil_read(&g0) == 0;
+        region_lo = region_hi = 0;
+        uintptr_t chunk = (uintptr_t)ts->datastack_chunk, ds_top = (uintptr_t)ts->datastack_top;
+        if (chunk != 0 && ds_top > chunk + offsetof(_PyStackChunk, data)) {
+            uintptr_t lo = chunk + offsetof(_PyStackChunk, data);
+            if (ds_top - lo > REGION_MAX) {
+                lo = (ds_top - REGION_MAX) & ~(uintptr_t)(sizeof(void *) - 1);
+            }
+            if (safe_read(region_buf, lo, ds_top - lo) == 0) {
+                region_lo = lo;
+                region_hi = ds_top;
+            }
+        }
         int depth = walk(top, &S->scratch_f[nf], room, &truncated);
+        region_lo = region_hi = 0;
+        have_g = have_g && gil_read(&g1) == 0;
+        /* Not the last holder, and no other thread took the GIL since: it ran
+         * no Python code while we walked, so what we read is what it has. */
+        int still = have_g && g0.last_holder != ts_addr && g1.last_holder == g0.last_holder
+                    && g1.switch_number == g0.switch_number;
         uintptr_t top2 = 0;
         if (depth < 0) {
             bad++;
         }
-        else if (verify() < 0 || reread_top(ts_addr, &top2) < 0 || top2 != top) {
+        else if (!still && (verify() < 0 || reread_top(ts_addr, &top2) < 0 || top2 != top)) {
             torn++;
         }
         else if (depth > 0) {
-            uintptr_t holder = gil_holder();
-            uint8_t st = ntid > 0 ? classify(ntid, holder == ts_addr) : NST_UNKNOWN;
+            int holds = have_g && g1.locked && g1.last_holder == ts_addr;
+            uint8_t st = ntid > 0 ? classify(ntid, holds) : NST_UNKNOWN;
             sample_rec *s = &S->scratch_s[ns++];
             s->tick = S->tick;
             s->frame_start = (uint64_t)nf;
@@ -664,6 +804,7 @@ tick_once(void)
         }
         ts_addr = next;
     }
+    code_tick = 0;
     ring_commit(ns, nf);
     add(&S->ticks, 1);
     add(&S->thread_samples, (uint64_t)ns);
@@ -747,13 +888,37 @@ sampler_main(void *arg)
         if (rc != ETIMEDOUT || now < wake || S->mean_s <= 0) {
             continue;
         }
+        S->late_s += 0.05 * ((now - wake) - S->late_s);
+        if (S->rate > 0) {
+            double elapsed = now - S->tokens_at;
+            if (elapsed > 0) {
+                S->tokens += elapsed * S->rate;
+                if (S->tokens > S->cap) {
+                    S->tokens = S->cap;
+                }
+            }
+            S->tokens_at = now;
+            if (S->tokens < S->cost_s) {
+                /* over budget until the bucket refills, or the agent sets new tokens */
+                double w = (S->cost_s - S->tokens) / S->rate;
+                next = now + (w < 3600.0 ? w : 3600.0);
+                continue;
+            }
+        }
         next = now + next_delay();
         pthread_mutex_unlock(&S->mu);
+        uint64_t c0 = now_ns(CLOCK_THREAD_CPUTIME_ID);
         pthread_mutex_lock(&S->tick_mu);
         tick_once();
         pthread_mutex_unlock(&S->tick_mu);
-        __atomic_store_n(&S->cpu_ns, now_ns(CLOCK_THREAD_CPUTIME_ID), __ATOMIC_RELAXED);
+        uint64_t c1 = now_ns(CLOCK_THREAD_CPUTIME_ID);
+        __atomic_store_n(&S->cpu_ns, c1, __ATOMIC_RELAXED);
         pthread_mutex_lock(&S->mu);
+        double cost = (double)(c1 - c0) * 1e-9;
+        S->cost_s += 0.1 * (cost - S->cost_s);
+        if (S->rate > 0) {
+            S->tokens -= cost;
+        }
     }
     pthread_mutex_unlock(&S->mu);
     __atomic_store_n(&S->exit_cpu_ns, now_ns(CLOCK_THREAD_CPUTIME_ID), __ATOMIC_RELAXED);
@@ -775,6 +940,7 @@ after_fork_child(void)
     S->cv_ready = 0;
     S->running = 0;
     S->stop = 0;
+    S->wake_fd = -1;
     self_pid = getpid();
 }
 
@@ -812,20 +978,38 @@ bind_interpreter(unsigned long skip)
     S->skip = skip;
     self_pid = getpid();
     gil_addr = gil_addr_of(interp);
+    uintptr_t rt = (uintptr_t)&_PyRuntime;
+    gil_static = gil_addr >= rt && gil_addr + sizeof(struct _gil_runtime_state) <= rt + sizeof(_PyRuntime);
 }
 
 PyDoc_STRVAR(start_doc,
-"start(skip_ident, /) -> None\n\n"
+"start(skip_ident, wake_fd=-1, /) -> None\n\n"
 "Start the sampler thread, paused until set() gives it a delay. It never\n"
-"samples the thread whose threading ident is skip_ident.");
+"samples the thread whose threading ident is skip_ident. wake_fd: the write\n"
+"end of a non-blocking pipe, written when the ring is a quarter full.");
 
 static PyObject *
-native_start(PyObject *module, PyObject *arg)
+native_start(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    unsigned long skip = PyLong_AsUnsignedLong(arg);
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "start() takes 1 or 2 arguments");
+        return NULL;
+    }
+    unsigned long skip = PyLong_AsUnsignedLong(args[0]);
     if (skip == (unsigned long)-1 && PyErr_Occurred()) {
         return NULL;
+    }
+    long fd = -1;
+    if (nargs == 2) {
+        fd = PyLong_AsLong(args[1]);
+        if (fd == -1 && PyErr_Occurred()) {
+            return NULL;
+        }
+        if (fd < -1 || fd > INT32_MAX) {
+            PyErr_SetString(PyExc_ValueError, "wake_fd must be a file descriptor or -1");
+            return NULL;
+        }
     }
     if (S->running) {
         PyErr_SetString(PyExc_RuntimeError, "the native sampler is running already");
@@ -842,7 +1026,11 @@ native_start(PyObject *module, PyObject *arg)
     S->stop = 0;
     S->mean_s = 0.0;
     S->spread = 0.25;
+    S->rate = 0.0;
+    S->cost_s = 0.0;
+    S->late_s = 0.0;
     S->gen++;
+    __atomic_store_n(&S->wake_fd, (int)fd, __ATOMIC_RELEASE);
     S->rng = now_ns(CLOCK_MONOTONIC) ^ ((uint64_t)getpid() << 32) ^ 0x9E3779B97F4A7C15ULL;
     if (S->rng == 0) {
         S->rng = 1;
@@ -865,20 +1053,33 @@ native_start(PyObject *module, PyObject *arg)
 }
 
 PyDoc_STRVAR(set_doc,
-"set(mean_s, spread, /) -> None\n\n"
-"Sample at gaussian intervals around mean_s (relative sd spread); 0 pauses.");
+"set(mean_s, spread, rate=0, tokens=0, cap=0, /) -> None\n\n"
+"Sample at gaussian intervals around mean_s (relative sd spread); 0 pauses.\n"
+"With rate > 0, the sampler also keeps a token bucket of its own CPU time:\n"
+"rate seconds accrue per second up to cap, tokens are there now; each\n"
+"sample pays what it cost, and none is taken while the bucket cannot pay.");
 
 static PyObject *
 native_set(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "set() takes exactly 2 arguments");
+    if (nargs != 2 && nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "set() takes 2 or 5 arguments");
         return NULL;
     }
     double mean = PyFloat_AsDouble(args[0]);
     double spread = PyFloat_AsDouble(args[1]);
+    double rate = 0.0, tokens = 0.0, cap = 0.0;
+    if (nargs == 5) {
+        rate = PyFloat_AsDouble(args[2]);
+        tokens = PyFloat_AsDouble(args[3]);
+        cap = PyFloat_AsDouble(args[4]);
+    }
     if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if (!(rate >= 0) || !isfinite(rate) || !isfinite(tokens) || !isfinite(cap)) {
+        PyErr_SetString(PyExc_ValueError, "rate >= 0, tokens and cap finite");
         return NULL;
     }
     if (!(mean >= 0) || !(spread >= 0) || spread > 1 || !isfinite(mean)) {
@@ -889,6 +1090,15 @@ native_set(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         mean = 20e-6;   /* the highest rate: 50 kHz */
     }
     pthread_mutex_lock(&S->mu);
+    if (nargs == 5) {
+        S->rate = rate;
+        S->cap = cap;
+        S->tokens = tokens < cap ? tokens : cap;
+        S->tokens_at = (double)now_ns(CLOCK_MONOTONIC) * 1e-9;
+        if (S->cv_ready) {
+            pthread_cond_signal(&S->cv);   /* money may have come: look again */
+        }
+    }
     if (S->mean_s != mean || S->spread != spread) {
         S->mean_s = mean;
         S->spread = spread;
@@ -919,6 +1129,7 @@ native_stop(PyObject *module, PyObject *unused)
     pthread_join(S->thread, NULL);
     Py_END_ALLOW_THREADS
     S->running = 0;
+    __atomic_store_n(&S->wake_fd, -1, __ATOMIC_RELEASE);
     Py_RETURN_NONE;
 }
 
@@ -1042,22 +1253,25 @@ resolve(PyObject *locs, PyObject *new_loc, const frame_rec *fr, uint64_t *invali
 static uint64_t drain_invalid, drain_dropped;
 
 PyDoc_STRVAR(drain_doc,
-"drain(raw, locs, new_loc, /) -> int\n\n"
+"drain(raw, locs, new_loc, hist=None, /) -> int\n\n"
 "Move the ring's samples into raw: raw[(ident, state, stack)] += 1, stack\n"
 "being a tuple of locations, leaf first, from locs (the tables' dict of\n"
 "(f_lasti << 48) | id(code) -> location) or new_loc(key, code, f_lasti,\n"
 "f_lineno) for code not seen before, once validated. Returns how many\n"
-"sampling instants were drained.");
+"sampling instants were drained. hist, a list of ints: hist[min(n, len - 1)]\n"
+"is incremented for each instant at which n threads were on a CPU.");
 
 static PyObject *
 native_drain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 3 || !PyDict_Check(args[0]) || !PyDict_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "drain(raw: dict, locs: dict, new_loc)");
+    if (nargs < 3 || nargs > 4 || !PyDict_Check(args[0]) || !PyDict_Check(args[1])
+        || (nargs == 4 && args[3] != Py_None && (!PyList_Check(args[3]) || PyList_GET_SIZE(args[3]) == 0))) {
+        PyErr_SetString(PyExc_TypeError, "drain(raw: dict, locs: dict, new_loc, hist: list | None = None)");
         return NULL;
     }
     PyObject *raw = args[0], *locs = args[1], *new_loc = args[2];
+    PyObject *hist = nargs == 4 && args[3] != Py_None ? args[3] : NULL;
 
     /* Copy the ring out, so that the sampler never waits on Python code. */
     pthread_mutex_lock(&ring->mu);
@@ -1080,6 +1294,7 @@ native_drain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     ring->s_tail = ring->s_head;
     ring->f_tail = ring->f_head;
+    S->woken = 0;
     pthread_mutex_unlock(&ring->mu);
 
     memo_t *memo = PyMem_Calloc(MEMO_SLOTS, sizeof(memo_t));
@@ -1089,12 +1304,32 @@ native_drain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return PyErr_NoMemory();
     }
     uint64_t invalid = 0, dropped = 0, instants = 0, last_tick = 0;
+    Py_ssize_t on_cpu = 0;
     PyObject *result = NULL;
-    for (uint64_t i = 0; i < ns; i++) {
+    for (uint64_t i = 0; i <= ns; i++) {
+        if (hist != NULL && i > 0 && (i == ns || ss[i].tick != last_tick)) {
+            /* the instant last_tick is complete */
+            Py_ssize_t top = PyList_GET_SIZE(hist) - 1;
+            Py_ssize_t at = on_cpu < top ? on_cpu : top;
+            PyObject *old = PyList_GET_ITEM(hist, at);
+            long v = PyLong_Check(old) ? PyLong_AsLong(old) : 0;
+            PyObject *nv = PyLong_FromLong(v + 1);
+            if (nv == NULL) {
+                goto done;
+            }
+            PyList_SetItem(hist, at, nv);
+            on_cpu = 0;
+        }
+        if (i == ns) {
+            break;
+        }
         const sample_rec *s = &ss[i];
         if (s->tick != last_tick) {
             instants++;
             last_tick = s->tick;
+        }
+        if (s->state == NST_GIL || s->state == NST_NOGIL) {
+            on_cpu++;
         }
         PyObject *stack = PyTuple_New(s->depth);
         if (stack == NULL) {
@@ -1181,7 +1416,9 @@ PyDoc_STRVAR(stats_doc,
 "Counters since import: ticks (sampling instants), thread_samples, frames,\n"
 "torn (walks whose top frame changed under them), bad (failed checks),\n"
 "overflow (dropped oldest from the ring), truncated, unread, invalid and\n"
-"dropped (frames / samples the drain refused), queued (in the ring now),\n"
+"dropped (frames / samples the drain refused), queued (thread samples in\n"
+"the ring now), queued_ticks (instants they span), late_s and cost_s (moving\n"
+"averages of the thread's wake-up lateness and CPU per sample),\n"
 "states (thread samples per raw state), sampler_cpu_s (the sampler thread's\n"
 "CPU time, this run), tick_s (wall time inside ticks), running.");
 
@@ -1206,7 +1443,15 @@ native_stats(PyObject *module, PyObject *unused)
     }
     pthread_mutex_lock(&ring->mu);
     uint64_t queued = ring->s_head - ring->s_tail;
+    uint64_t queued_ticks = 0;
+    if (queued) {
+        queued_ticks = ring->samples[(ring->s_head - 1) % RING_SAMPLES].tick
+                       - ring->samples[ring->s_tail % RING_SAMPLES].tick + 1;
+    }
     pthread_mutex_unlock(&ring->mu);
+    pthread_mutex_lock(&S->mu);
+    double late_s = S->late_s, cost_s = S->cost_s;
+    pthread_mutex_unlock(&S->mu);
     PyObject *states = PyTuple_New(NST_COUNT);
     if (states == NULL) {
         return NULL;
@@ -1221,13 +1466,14 @@ native_stats(PyObject *module, PyObject *unused)
     }
 #define LD(x) (unsigned long long)__atomic_load_n(&(x), __ATOMIC_RELAXED)
     return Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsKsKsKsNsdsdsi}",
+        "{sKsKsKsKsKsKsKsKsKsKsKsKsNsdsdsdsdsi}",
         "ticks", LD(S->ticks), "thread_samples", LD(S->thread_samples), "frames", LD(S->frames),
         "torn", LD(S->torn), "bad", LD(S->bad), "overflow", LD(S->overflow),
         "truncated", LD(S->truncated), "unread", LD(S->unread),
         "invalid", LD(drain_invalid), "dropped", LD(drain_dropped),
-        "queued", (unsigned long long)queued, "states", states,
-        "sampler_cpu_s", cpu_s, "tick_s", (double)LD(S->tick_ns) * 1e-9, "running", S->running);
+        "queued", (unsigned long long)queued, "queued_ticks", (unsigned long long)queued_ticks,
+        "states", states, "sampler_cpu_s", cpu_s, "tick_s", (double)LD(S->tick_ns) * 1e-9,
+        "late_s", late_s, "cost_s", cost_s, "running", S->running);
 #undef LD
 }
 
@@ -1338,7 +1584,7 @@ self_check(void)
 }
 
 static PyMethodDef native_methods[] = {
-    {"start", (PyCFunction)native_start, METH_O, start_doc},
+    {"start", (PyCFunction)(void (*)(void))native_start, METH_FASTCALL, start_doc},
     {"set", (PyCFunction)(void (*)(void))native_set, METH_FASTCALL, set_doc},
     {"stop", (PyCFunction)native_stop, METH_NOARGS, stop_doc},
     {"sample_once", (PyCFunction)native_sample_once, METH_O, sample_once_doc},
@@ -1368,6 +1614,7 @@ PyInit__native(void)
             ring = NULL;
             return PyErr_NoMemory();
         }
+        S->wake_fd = -1;
         pthread_mutex_init(&S->mu, NULL);
         pthread_mutex_init(&S->tick_mu, NULL);
         pthread_mutex_init(&ring->mu, NULL);

@@ -585,6 +585,8 @@ _REPORT_OPTIONAL: dict[str, _Check] = {
     "marks": _list_of(_tuple_of(_is_time, _is_str, _is_str)),
     # trigger events fired in the window (agent.triggers): {t, name, kind, why, before_s, after_s, budget}
     "triggers": _list_of(_trigger_event),
+    # which sampler took the stacks and why: {name: "native" (no GIL, agent/_native.c) or "gil", why}
+    "sampler": _map_of(_is_str),
 }
 
 _SCHEMAS: dict[str, Callable[[Body], None]] = {
@@ -608,6 +610,7 @@ _SCHEMAS: dict[str, Callable[[Body], None]] = {
             "ceiling": _is_fraction,
             "ppid": _is_int,  # the parent process: a master and its forked workers make one service
             "service": _is_str,  # $DYPER_SERVICE: processes giving the same name make one service
+            "sampler": _map_of(_is_str),  # as in a report
         },
     ),
     REPORT: _fields(_REPORT_REQUIRED, _REPORT_OPTIONAL),

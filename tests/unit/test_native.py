@@ -63,7 +63,7 @@ class Run:
 def run() -> Iterator[Run]:
     native.drain({}, {}, lambda *a: 0)  # leftovers of an earlier test
     r = Run()
-    native.start(threading.get_ident())  # this (the "agent's") thread is never sampled
+    native.start(threading.get_ident(), -1)  # this (the "agent's") thread is never sampled
     try:
         yield r
     finally:
@@ -352,3 +352,67 @@ def test_stop_start_and_counters() -> None:
     with pytest.raises(ValueError):
         native.set(-1.0, 0.25)
     native.drain({}, {}, lambda *a: 0)
+
+
+# --- in the agent ---------------------------------------------------------------------
+
+
+def test_choose_sampler() -> None:
+    from dyper.agent.native import choose_sampler
+
+    assert choose_sampler({"DYPER_SAMPLER": "gil"}) == ("gil", "DYPER_SAMPLER=gil")
+    assert choose_sampler({"DYPER_SAMPLER": "native"})[0] == "native"
+    name, why = choose_sampler({})
+    assert name in ("native", "gil") and why
+
+
+def test_sampler_field_passes_the_protocol() -> None:
+    from dyper.agent import core, protocol
+
+    a = core.Agent("tcp://127.0.0.1:1", 0.01, proflets=())
+    hello = a._hello_body()
+    assert hello["sampler"] == {"name": a.sampler, "why": a.sampler_why}
+    _msg_type, body = protocol.decode(protocol.encode(protocol.HELLO, hello))
+    assert body["sampler"]["name"] == a.sampler
+    with pytest.raises(protocol.DecodeError):
+        protocol.decode(protocol.encode(protocol.HELLO, dict(hello, sampler={"name": 1})))
+    os.close(a._wake_r)  # never started: its wake-up pipe is all it holds
+    os.close(a._wake_w)
+
+
+def test_agent_samples_natively_and_names_gil_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dyper import agent
+    from dyper.agent.native import GIL_WAIT, STATE_FILE
+
+    monkeypatch.setenv("DYPER_SAMPLER", "native")
+    stop = threading.Event()
+    out: dict[str, float] = {}
+    spinners = [threading.Thread(target=_spin, args=(stop, out), name=f"spin{i}") for i in range(2)]
+    for t in spinners:
+        t.start()
+    agent.start("tcp://127.0.0.1:1", 0.05, proflets=())  # nobody listens: the counts stay
+    try:
+        a = agent._agent
+        assert a is not None
+        assert (a.sampler, a.sampler_why) == ("native", "DYPER_SAMPLER=native")
+        end = time.monotonic() + 20
+        while a.samples_taken < 40 and time.monotonic() < end:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        counts = dict(a.counts)
+        tables = a.tables
+        assert a.samples_taken >= 40
+        names = Counter()
+        for (tid, stack), n in list(counts.items()):
+            if tid in {t.ident for t in spinners} and stack:
+                row = tables.loc_rows[stack[0]]
+                names[(tables.string_rows[row[1]][1], tables.string_rows[row[2]][1])] += n
+        # two threads sharing the GIL: one of them waits for it most of the time
+        assert names[(STATE_FILE, GIL_WAIT)] > 0, names
+        assert names[(__file__, "_spin")] > 0, names
+    finally:
+        agent.stop()
+        stop.set()
+        for t in spinners:
+            t.join()
+    assert not native.stats()["running"]
