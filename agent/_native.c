@@ -82,14 +82,12 @@
 /* The ring: thread samples, and frames of those samples. */
 #define RING_SAMPLES 16384
 #define RING_FRAMES (1 << 18)
-/* Per-thread CPU clocks remembered between samples. */
-#define TID_SLOTS 4096
 
 /* The raw states of a thread sample (see classify()). */
 enum {
-    NST_GIL = 0,       /* kernel R, holds the GIL, its CPU clock advanced */
-    NST_NOGIL = 1,     /* kernel R, does not hold the GIL, its CPU clock advanced */
-    NST_RUNQ = 2,      /* kernel R but its CPU clock did not advance: the run queue */
+    NST_GIL = 0,       /* on a CPU (its clock moved while we looked), holding the GIL */
+    NST_NOGIL = 1,     /* on a CPU without the GIL: native code that released it */
+    NST_RUNQ = 2,      /* kernel R but its clock did not move: the run queue (see classify) */
     NST_SLEEP = 3,     /* kernel S/D (or stopped), no GIL: blocked, or waiting for the GIL */
     NST_SLEEP_GIL = 4, /* kernel S/D holding the GIL: blocked with it */
     NST_UNKNOWN = 5,   /* the kernel's view could not be read (the thread ended) */
@@ -331,11 +329,6 @@ static ring_t *ring;
  * The sampler thread's state.
  * ------------------------------------------------------------------------ */
 
-typedef struct {
-    int32_t tid;
-    uint64_t cpu_ns;
-    uint64_t tick;
-} tid_slot;
 
 typedef struct {
     /* set by start(), read-only while the thread runs */
@@ -362,13 +355,13 @@ typedef struct {
     /* serialises ticks (the thread's, and sample_once()'s) */
     pthread_mutex_t tick_mu;
     uint64_t tick;
-    tid_slot tids[TID_SLOTS];
     /* the tick's thread samples before they enter the ring */
     sample_rec scratch_s[MAX_THREADS];
     frame_rec scratch_f[MAX_DEPTH * 8];
 
     /* counters, atomics */
     uint64_t ticks, thread_samples, torn, bad, overflow, truncated, unread, frames;
+    uint64_t drawn;          /* runnable samples counted on a CPU by the draw in classify() */
     uint64_t states[NST_COUNT];
     uint64_t cpu_ns;         /* the sampler thread's CPU clock after its last tick */
     uint64_t exit_cpu_ns;    /* ... when it ended */
@@ -430,17 +423,25 @@ kernel_state(int32_t tid)
     return p[2];
 }
 
+/* Per-thread clocks remembered from the last sample (under tick_mu). */
+#define TID_SLOTS 4096
+typedef struct {
+    int32_t tid;
+    uint64_t cpu_ns, wall_ns, tick;
+} tid_slot;
+static tid_slot tid_slots[TID_SLOTS];
+static uint64_t tick_rng = 0x9E3779B97F4A7C15ULL;
+
 static tid_slot *
-tid_lookup(int32_t tid)
+tid_lookup(int32_t tid, uint64_t tick)
 {
     uint32_t h = (uint32_t)tid * 2654435761u;
-    for (int i = 0; i < 16; i++) {
-        tid_slot *s = &S->tids[(h + (uint32_t)i) % TID_SLOTS];
+    for (uint32_t i = 0; i < 16; i++) {
+        tid_slot *s = &tid_slots[(h + i) % TID_SLOTS];
         if (s->tid == tid) {
             return s;
         }
-        /* a slot unseen in the last two ticks is free */
-        if (s->tid == 0 || s->tick + 2 < S->tick) {
+        if (s->tid == 0 || s->tick + 2 < tick) {   /* free, or unseen for two samples */
             s->tid = tid;
             s->cpu_ns = UINT64_MAX;
             return s;
@@ -449,28 +450,59 @@ tid_lookup(int32_t tid)
     return NULL;
 }
 
+static double
+tick_uniform(void)
+{
+    uint64_t x = tick_rng;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    tick_rng = x;
+    return (double)((x * 0x2545F4914F6CDD1DULL) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* The state of a thread at this sample. `cpu0` is its CPU clock read just
+ * before its stack was walked: read again now, microseconds later, it has
+ * moved if the thread was on a CPU in between (the kernel brings a running
+ * thread's clock up to date when it is read). If it did not move, the
+ * kernel's state letter tells a sleeping thread from a runnable one. A
+ * runnable one that is not running is in the run queue -- or it was running
+ * on the CPU this sampler woke up on, and our wake-up put it back in the
+ * queue for as long as we look (on a machine with few CPUs, often). Which
+ * of the two cannot be read, so it is drawn: on a CPU with the probability
+ * that the thread was on one since its last sample (its CPU time over the
+ * wall time between the two), in the run queue otherwise. Counted over many
+ * samples this charges each thread its CPU clock's share. */
 static uint8_t
-classify(int32_t tid, int holds_gil)
+classify(int32_t tid, int holds_gil, int have_cpu0, uint64_t cpu0)
 {
     char k = kernel_state(tid);
-    uint64_t cpu = 0;
-    int have_cpu = thread_cpu_ns(tid, &cpu) == 0;
-    if (k == 0 || !have_cpu) {
-        return NST_UNKNOWN;
+    uint64_t cpu1 = 0;
+    if (k == 0 || !have_cpu0 || thread_cpu_ns(tid, &cpu1) < 0) {
+        return NST_UNKNOWN;   /* the thread ended */
     }
-    tid_slot *slot = tid_lookup(tid);
-    int advanced = 1;   /* first sight: trust the kernel's R */
+    uint64_t wall = now_ns(CLOCK_MONOTONIC);
+    tid_slot *slot = tid_lookup(tid, S->tick);
+    double p = -1.0;
     if (slot != NULL) {
-        if (slot->cpu_ns != UINT64_MAX) {
-            advanced = cpu > slot->cpu_ns;
+        if (slot->cpu_ns != UINT64_MAX && wall > slot->wall_ns && cpu1 >= slot->cpu_ns) {
+            p = (double)(cpu1 - slot->cpu_ns) / (double)(wall - slot->wall_ns);
         }
-        slot->cpu_ns = cpu;
+        slot->cpu_ns = cpu1;
+        slot->wall_ns = wall;
         slot->tick = S->tick;
     }
-    if (k == 'R') {
-        if (!advanced) {
+    int on_cpu = cpu1 > cpu0;
+    if (!on_cpu && k == 'R') {
+        if (p >= 0 && tick_uniform() < p) {
+            on_cpu = 1;
+            add(&S->drawn, 1);
+        }
+        else {
             return NST_RUNQ;
         }
+    }
+    if (on_cpu) {
         return holds_gil ? NST_GIL : NST_NOGIL;
     }
     return holds_gil ? NST_SLEEP_GIL : NST_SLEEP;
@@ -759,6 +791,8 @@ tick_once(void)
             ts_addr = next;
             continue;
         }
+        uint64_t cpu0 = 0;
+        int have_cpu0 = ntid > 0 && thread_cpu_ns(ntid, &cpu0) == 0;
         gil_view g0 = {0, 0, 0}, g1 = {0, 0, 0};
         int have_g = gil_read(&g0) == 0;
         region_lo = region_hi = 0;
@@ -789,7 +823,7 @@ tick_once(void)
         }
         else if (depth > 0) {
             int holds = have_g && g1.locked && g1.last_holder == ts_addr;
-            uint8_t st = ntid > 0 ? classify(ntid, holds) : NST_UNKNOWN;
+            uint8_t st = ntid > 0 ? classify(ntid, holds, have_cpu0, cpu0) : NST_UNKNOWN;
             sample_rec *s = &S->scratch_s[ns++];
             s->tick = S->tick;
             s->frame_start = (uint64_t)nf;
@@ -1466,12 +1500,12 @@ native_stats(PyObject *module, PyObject *unused)
     }
 #define LD(x) (unsigned long long)__atomic_load_n(&(x), __ATOMIC_RELAXED)
     return Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsKsKsKsKsNsdsdsdsdsi}",
+        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsNsdsdsdsdsi}",
         "ticks", LD(S->ticks), "thread_samples", LD(S->thread_samples), "frames", LD(S->frames),
         "torn", LD(S->torn), "bad", LD(S->bad), "overflow", LD(S->overflow),
         "truncated", LD(S->truncated), "unread", LD(S->unread),
         "invalid", LD(drain_invalid), "dropped", LD(drain_dropped),
-        "queued", (unsigned long long)queued, "queued_ticks", (unsigned long long)queued_ticks,
+        "drawn", LD(S->drawn), "queued", (unsigned long long)queued, "queued_ticks", (unsigned long long)queued_ticks,
         "states", states, "sampler_cpu_s", cpu_s, "tick_s", (double)LD(S->tick_ns) * 1e-9,
         "late_s", late_s, "cost_s", cost_s, "running", S->running);
 #undef LD

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from types import CodeType
 from typing import Any, Final
 
-from dyper.agent.protocol import LOC_BLOCKING, LOC_LOCK, LOC_WAIT
+from dyper.agent.protocol import LOC_BLOCKING, LOC_WAIT
 from dyper.agent.tables import WAITS, Tables
 
 _native: Any
@@ -42,7 +42,8 @@ DEFAULT_NATIVE: Final = False
 STATE_FILE: Final = "<dyper state>"
 GIL_WAIT: Final = "<waiting for the GIL>"
 RUN_QUEUE: Final = "<run queue>"
-_STATE_FLAGS: Final = {GIL_WAIT: LOC_BLOCKING | LOC_LOCK, RUN_QUEUE: LOC_BLOCKING | LOC_WAIT}
+#: Both are waits to the monitor (proflets.base.KINDS has no GIL or run-queue kind yet); the name tells.
+_STATE_FLAGS: Final = {GIL_WAIT: LOC_BLOCKING | LOC_WAIT, RUN_QUEUE: LOC_BLOCKING | LOC_WAIT}
 _STATE_CODES: Final = {
     name: compile("0", STATE_FILE, "eval").replace(co_name=name, co_qualname=name) for name in _STATE_FLAGS
 }

@@ -175,7 +175,7 @@ def test_c_call_holding_the_gil_is_charged_to_its_line(run: Run) -> None:
     t = threading.Thread(target=_sorter, args=(stop, out))
     t.start()
     try:
-        sample_for(run, 1.5)
+        sample_for(run, 2.0, mean_s=0.001)
     finally:
         stop.set()
         t.join()
@@ -187,7 +187,7 @@ def test_c_call_holding_the_gil_is_charged_to_its_line(run: Run) -> None:
             if run.code(loc) is out["code"]:
                 lines[row[4]] += n
     total = sum(lines.values())
-    assert total >= 50, lines
+    assert total >= 30, lines
     sort_line = _sorter.__code__.co_firstlineno + 5
     # the GIL sampler gave ~84% here; the truth is ~99.9%
     assert lines[sort_line] / total >= 0.9, lines
