@@ -971,6 +971,9 @@ after_fork_child(void)
     S->mu = fresh;
     S->tick_mu = fresh;
     ring->mu = fresh;
+    /* the parent's samples are not the child's */
+    ring->s_tail = ring->s_head;
+    ring->f_tail = ring->f_head;
     S->cv_ready = 0;
     S->running = 0;
     S->stop = 0;
@@ -1242,17 +1245,9 @@ resolve(PyObject *locs, PyObject *new_loc, const frame_rec *fr, uint64_t *invali
     if (key == NULL) {
         return NULL;
     }
-    PyObject *loc = PyDict_GetItemWithError(locs, key);   /* borrowed */
-    if (loc != NULL) {
-        /* The tables hold this code object alive: the address is it. */
-        Py_DECREF(key);
-        return Py_NewRef(loc);
-    }
-    if (PyErr_Occurred()) {
-        Py_DECREF(key);
-        return NULL;
-    }
-    /* Unknown address: is a live code object still there, the one seen? */
+    /* Is the code object seen at sample time still there, alive? Asked even
+     * of an address the tables know (they keep that object alive): the one
+     * seen may have died before the tables took another one at its address. */
     PyCodeObject cbuf;   /* only the first CODE_HEAD_SIZE bytes are read */
     const PyCodeObject *c = &cbuf;
     if (safe_read(&cbuf, fr->code, CODE_HEAD_SIZE) < 0
@@ -1264,6 +1259,15 @@ resolve(PyObject *locs, PyObject *new_loc, const frame_rec *fr, uint64_t *invali
         Py_DECREF(key);
         (*invalid)++;
         Py_RETURN_NONE;
+    }
+    PyObject *loc = PyDict_GetItemWithError(locs, key);   /* borrowed */
+    if (loc != NULL) {
+        Py_DECREF(key);
+        return Py_NewRef(loc);
+    }
+    if (PyErr_Occurred()) {
+        Py_DECREF(key);
+        return NULL;
     }
     /* We hold the GIL and run no Python code until it has a reference of
      * ours: it cannot be freed in between. */
@@ -1588,7 +1592,15 @@ self_check(void)
     }
     frame_rec recs[8];
     int truncated;
+    /* walk() uses the sampler's buffers: a second import (another
+     * interpreter) must not share them with a running sampler. */
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&S->tick_mu);
+    Py_END_ALLOW_THREADS
+    region_lo = region_hi = 0;
+    code_tick = 0;
     int depth = walk(top, recs, 8, &truncated);
+    pthread_mutex_unlock(&S->tick_mu);
     if (depth < 0) {
         return check_error("walk");
     }

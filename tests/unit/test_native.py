@@ -416,3 +416,29 @@ def test_agent_samples_natively_and_names_gil_waits(monkeypatch: pytest.MonkeyPa
         for t in spinners:
             t.join()
     assert not native.stats()["running"]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
+def test_a_forked_child_starts_its_own_sampler() -> None:
+    import warnings
+
+    native.start(threading.get_ident(), -1)
+    native.set(0.001, 0.25)
+    try:
+        time.sleep(0.02)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # "multi-threaded, use of fork()"
+            pid = os.fork()
+        if pid == 0:  # the child: no sampler thread, an empty ring, and a fresh start works
+            ok = not native.stats()["running"] and native.stats()["queued"] == 0
+            ticks = native.stats()["ticks"]
+            native.start(threading.get_ident(), -1)
+            native.set(0.001, 0.25)
+            time.sleep(0.05)
+            native.stop()
+            os._exit(0 if ok and native.stats()["ticks"] > ticks else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        native.stop()
+        native.drain({}, {}, lambda *a: 0)
