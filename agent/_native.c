@@ -476,10 +476,15 @@ tick_uniform(void)
 static uint8_t
 classify(int32_t tid, int holds_gil, int have_cpu0, uint64_t cpu0)
 {
-    char k = kernel_state(tid);
     uint64_t cpu1 = 0;
-    if (k == 0 || !have_cpu0 || thread_cpu_ns(tid, &cpu1) < 0) {
+    if (!have_cpu0 || thread_cpu_ns(tid, &cpu1) < 0) {
         return NST_UNKNOWN;   /* the thread ended */
+    }
+    /* On a CPU: what the kernel's letter says does not matter (and reading
+     * it costs three system calls). */
+    char k = cpu1 > cpu0 ? 'R' : kernel_state(tid);
+    if (k == 0) {
+        return NST_UNKNOWN;
     }
     uint64_t wall = now_ns(CLOCK_MONOTONIC);
     tid_slot *slot = tid_lookup(tid, S->tick);
