@@ -79,6 +79,8 @@
 #define MAX_VISITED (4 * MAX_DEPTH)
 /* Thread states examined per sample. */
 #define MAX_THREADS 1024
+/* Walks of one thread per sample before its sample is given up as torn. */
+#define WALK_ATTEMPTS 3
 /* The ring: thread samples, and frames of those samples. */
 #define RING_SAMPLES 16384
 #define RING_FRAMES (1 << 18)
@@ -362,6 +364,7 @@ typedef struct {
     /* counters, atomics */
     uint64_t ticks, thread_samples, torn, bad, overflow, truncated, unread, frames;
     uint64_t drawn;          /* runnable samples counted on a CPU by the draw in classify() */
+    uint64_t lost;           /* thread samples given up: every walk of it torn or bad */
     uint64_t states[NST_COUNT];
     uint64_t cpu_ns;         /* the sampler thread's CPU clock after its last tick */
     uint64_t exit_cpu_ns;    /* ... when it ended */
@@ -663,29 +666,49 @@ walk(uintptr_t top, frame_rec *out, int cap, int *truncated)
 /* Read every frame the last walk visited again, in as few system calls as
  * possible, and compare: a frame popped and its memory reused while the walk
  * went on (the thread kept running) shows as a changed link, code object or,
- * in a caller, instruction. A thread that runs can also come back to the very
- * same top frame address by the time the walk ends, so the top frame pointer
- * alone does not tell. Returns 0 if all is as the walk saw it. */
+ * in a caller, instruction. Popped frames stay in memory as they were,
+ * above the thread's data-stack top, so the same copy first reads that top
+ * (the kernel copies in order, microseconds apart): a frame of the walk in
+ * the current chunk but at or above the top is gone, and the walk is torn
+ * even if its memory still reads the same. A thread that runs can also come
+ * back to the very same top frame address by the time the walk ends, so the
+ * top frame pointer alone does not tell either. Returns 0 if all is as the
+ * walk saw it. */
 #define VERIFY_BATCH 256
+_Static_assert(offsetof(PyThreadState, datastack_top) == offsetof(PyThreadState, datastack_chunk) + sizeof(void *)
+               && offsetof(PyThreadState, datastack_limit) == offsetof(PyThreadState, datastack_top) + sizeof(void *),
+               "verify() reads the data stack's chunk, top and limit in one piece");
 static int
-verify(void)
+verify(uintptr_t tstate_addr)
 {
     static _PyInterpreterFrame again[VERIFY_BATCH];   /* under tick_mu */
-    struct iovec local[VERIFY_BATCH], remote[VERIFY_BATCH];
+    struct iovec local[VERIFY_BATCH + 1], remote[VERIFY_BATCH + 1];
+    uintptr_t ds[3];   /* datastack_chunk, datastack_top, datastack_limit */
+    local[0].iov_base = ds;
+    local[0].iov_len = sizeof(ds);
+    remote[0].iov_base = (void *)(tstate_addr + offsetof(PyThreadState, datastack_chunk));
+    remote[0].iov_len = sizeof(ds);
     for (int base = 0; base < n_seen; base += VERIFY_BATCH) {
         int n = n_seen - base < VERIFY_BATCH ? n_seen - base : VERIFY_BATCH;
+        int first = base == 0 ? 1 : 0;   /* the top goes with the first batch */
         for (int i = 0; i < n; i++) {
-            local[i].iov_base = &again[i];
-            local[i].iov_len = FRAME_HEAD_SIZE;
-            remote[i].iov_base = (void *)seen_buf[base + i].addr;
-            remote[i].iov_len = FRAME_HEAD_SIZE;
+            local[first + i].iov_base = &again[i];
+            local[first + i].iov_len = FRAME_HEAD_SIZE;
+            remote[first + i].iov_base = (void *)seen_buf[base + i].addr;
+            remote[first + i].iov_len = FRAME_HEAD_SIZE;
         }
-        ssize_t got = process_vm_readv(self_pid, local, (unsigned long)n, remote, (unsigned long)n, 0);
-        if (got != (ssize_t)(n * FRAME_HEAD_SIZE)) {
+        ssize_t want = (ssize_t)(n * FRAME_HEAD_SIZE) + (first ? (ssize_t)sizeof(ds) : 0);
+        ssize_t got = process_vm_readv(self_pid, local + (1 - first), (unsigned long)(n + first),
+                                       remote + (1 - first), (unsigned long)(n + first), 0);
+        if (got != want) {
             return -1;
         }
+        uintptr_t chunk_lo = ds[0] + offsetof(_PyStackChunk, data), top = ds[1], limit = ds[2];
         for (int i = 0; i < n; i++) {
             const seen_frame *sf = &seen_buf[base + i];
+            if (sf->addr >= chunk_lo && sf->addr < limit && sf->addr >= top) {
+                return -1;   /* above the top: popped */
+            }
             if ((uintptr_t)again[i].previous != sf->previous || frame_code_addr(&again[i]) != sf->code) {
                 return -1;
             }
@@ -762,13 +785,18 @@ tick_once(void)
         return;
     }
     int nthreads = 0;
-    uint64_t torn = 0, bad = 0, trunc = 0;
+    uint64_t torn = 0, bad = 0, trunc = 0, lost = 0;
     PyThreadState tsbuf;
     while (ts_addr != 0) {
         if (++nthreads > MAX_THREADS) {
             bad++;
             break;
         }
+        /* The GIL's state is read before the thread state: a walk is known
+         * still (see below) only if the thread ran no Python code from the
+         * moment its top frame pointer was read to the end of the walk. */
+        gil_view g_pre = {0, 0, 0};
+        int have_g_pre = gil_read(&g_pre) == 0;
         if ((ts_addr & (sizeof(void *) - 1)) != 0 || safe_read(&tsbuf, ts_addr, sizeof(tsbuf)) < 0) {
             bad++;
             break;
@@ -796,35 +824,61 @@ tick_once(void)
             ts_addr = next;
             continue;
         }
+        /* A walk of a thread that runs may be torn (its frames changed under
+         * us): it is dropped, and the thread walked again from its current
+         * top, a few times, so that threads that run are not the ones whose
+         * samples go missing. */
         uint64_t cpu0 = 0;
-        int have_cpu0 = ntid > 0 && thread_cpu_ns(ntid, &cpu0) == 0;
+        int have_cpu0 = 0, have_g = 0, depth = -1, torn_now = 0;
         gil_view g0 = {0, 0, 0}, g1 = {0, 0, 0};
-        int have_g = gil_read(&g0) == 0;
-        region_lo = region_hi = 0;
-        uintptr_t chunk = (uintptr_t)ts->datastack_chunk, ds_top = (uintptr_t)ts->datastack_top;
-        if (chunk != 0 && ds_top > chunk + offsetof(_PyStackChunk, data)) {
-            uintptr_t lo = chunk + offsetof(_PyStackChunk, data);
-            if (ds_top - lo > REGION_MAX) {
-                lo = (ds_top - REGION_MAX) & ~(uintptr_t)(sizeof(void *) - 1);
+        for (int attempt = 0; attempt < WALK_ATTEMPTS; attempt++) {
+            if (attempt == 0) {
+                g0 = g_pre;
+                have_g = have_g_pre;
             }
-            if (safe_read(region_buf, lo, ds_top - lo) == 0) {
-                region_lo = lo;
-                region_hi = ds_top;
+            else {
+                have_g = gil_read(&g0) == 0;
+                if (safe_read(&tsbuf, ts_addr, sizeof(tsbuf)) < 0 || (uintptr_t)ts->interp != S->interp
+                    || ts->thread_id != ident || top_frame(ts, &top) < 0 || top == 0) {
+                    depth = -1;
+                    break;   /* it ended meanwhile */
+                }
+            }
+            have_cpu0 = ntid > 0 && thread_cpu_ns(ntid, &cpu0) == 0;
+            region_lo = region_hi = 0;
+            uintptr_t chunk = (uintptr_t)ts->datastack_chunk, ds_top = (uintptr_t)ts->datastack_top;
+            if (chunk != 0 && ds_top > chunk + offsetof(_PyStackChunk, data)) {
+                uintptr_t lo = chunk + offsetof(_PyStackChunk, data);
+                if (ds_top - lo > REGION_MAX) {
+                    lo = (ds_top - REGION_MAX) & ~(uintptr_t)(sizeof(void *) - 1);
+                }
+                if (safe_read(region_buf, lo, ds_top - lo) == 0) {
+                    region_lo = lo;
+                    region_hi = ds_top;
+                }
+            }
+            depth = walk(top, &S->scratch_f[nf], room, &truncated);
+            region_lo = region_hi = 0;
+            have_g = have_g && gil_read(&g1) == 0;
+            /* Not the last holder, and no other thread took the GIL since: it
+             * ran no Python code while we walked, so what we read is what it has. */
+            int still = have_g && g0.last_holder != ts_addr && g1.last_holder == g0.last_holder
+                        && g1.switch_number == g0.switch_number;
+            uintptr_t top2 = 0;
+            torn_now = 0;
+            if (depth < 0) {
+                bad++;
+            }
+            else if (!still && (verify(ts_addr) < 0 || reread_top(ts_addr, &top2) < 0 || top2 != top)) {
+                torn++;
+                torn_now = 1;
+            }
+            else {
+                break;
             }
         }
-        int depth = walk(top, &S->scratch_f[nf], room, &truncated);
-        region_lo = region_hi = 0;
-        have_g = have_g && gil_read(&g1) == 0;
-        /* Not the last holder, and no other thread took the GIL since: it ran
-         * no Python code while we walked, so what we read is what it has. */
-        int still = have_g && g0.last_holder != ts_addr && g1.last_holder == g0.last_holder
-                    && g1.switch_number == g0.switch_number;
-        uintptr_t top2 = 0;
-        if (depth < 0) {
-            bad++;
-        }
-        else if (!still && (verify() < 0 || reread_top(ts_addr, &top2) < 0 || top2 != top)) {
-            torn++;
+        if (depth < 0 || torn_now) {
+            lost++;
         }
         else if (depth > 0) {
             int holds = have_g && g1.locked && g1.last_holder == ts_addr;
@@ -856,6 +910,9 @@ tick_once(void)
     }
     if (trunc) {
         add(&S->truncated, trunc);
+    }
+    if (lost) {
+        add(&S->lost, lost);
     }
     add(&S->tick_ns, now_ns(CLOCK_MONOTONIC) - t0);
 }
@@ -1509,12 +1566,12 @@ native_stats(PyObject *module, PyObject *unused)
     }
 #define LD(x) (unsigned long long)__atomic_load_n(&(x), __ATOMIC_RELAXED)
     return Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsNsdsdsdsdsi}",
+        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsNsdsdsdsdsi}",
         "ticks", LD(S->ticks), "thread_samples", LD(S->thread_samples), "frames", LD(S->frames),
         "torn", LD(S->torn), "bad", LD(S->bad), "overflow", LD(S->overflow),
         "truncated", LD(S->truncated), "unread", LD(S->unread),
         "invalid", LD(drain_invalid), "dropped", LD(drain_dropped),
-        "drawn", LD(S->drawn), "queued", (unsigned long long)queued, "queued_ticks", (unsigned long long)queued_ticks,
+        "drawn", LD(S->drawn), "lost", LD(S->lost), "queued", (unsigned long long)queued, "queued_ticks", (unsigned long long)queued_ticks,
         "states", states, "sampler_cpu_s", cpu_s, "tick_s", (double)LD(S->tick_ns) * 1e-9,
         "late_s", late_s, "cost_s", cost_s, "running", S->running);
 #undef LD

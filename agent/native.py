@@ -113,6 +113,7 @@ class NativeTicker:
         """Reads dropped since the last call, by why (for the report's ``dropped``)."""
         s = _native.stats()
         now = {
+            "native_lost": s["lost"],  # thread samples given up (every walk torn or failing a check)
             "native_torn": s["torn"],
             "native_bad": s["bad"],
             "native_invalid": s["invalid"] + s["dropped"],
