@@ -495,7 +495,7 @@ class Agent:
         #: "gil" (the ticker or this thread, under the GIL), and why (see agent.native.choose_sampler)
         self.sampler, self.sampler_why = choose_sampler()
         #: what the ticker functions are called on: the C ticker, or the native sampler behind its interface
-        self._tk: Any = NativeTicker(self.tables) if self.sampler == "native" else _fast
+        self._tk: Any = NativeTicker(self.tables, TICKER_DRAIN_AT) if self.sampler == "native" else _fast
         #: sampling through the C ticker (or the native sampler); decided when the loop starts
         self.ticker = False
         #: the ticker was stopped by a pause, to start again on resume

@@ -75,8 +75,10 @@ def choose_sampler(env: Mapping[str, str] = os.environ) -> tuple[str, str]:
 class NativeTicker:
     """agent/_native.c's sampler thread, driven like agent/_fastsample.c's ticker."""
 
-    def __init__(self, tables: Tables) -> None:
+    def __init__(self, tables: Tables, drain_at: int) -> None:
         self.tables = tables
+        #: the queue length (in sampling instants) at which the agent drains
+        self.drain_at = drain_at
         #: the sampler thread's CPU time in runs that ended (its clock ends with it)
         self._cpu_before = 0.0
         #: (epoch, state) -> the location of a state frame in that epoch
@@ -97,8 +99,12 @@ class NativeTicker:
     def ticker_stats(self) -> dict[str, Any]:
         """The ticker's statistics, as far as they mean something here (nothing runs in the app's threads)."""
         s = _native.stats()
+        queued = s["queued_ticks"]
+        if s["queued"] >= _native.RING_SAMPLES // 4:
+            # Many threads: the ring fills in fewer instants than the agent waits for.
+            queued = max(queued, self.drain_at)
         return {
-            "queued": s["queued_ticks"],
+            "queued": queued,
             "dropped": s["overflow"],
             "app_cpu_s": 0.0,
             "ticker_cpu_s": self._cpu_before + (s["sampler_cpu_s"] if s["running"] else 0.0),

@@ -108,8 +108,8 @@ def test_native_sampler_shares_match_the_threads_clocks(tmp_path: Path) -> None:
     truth_file = tmp_path / "truth.json"
     out = tmp_path / "prof.json"
     dyper(
-        "run", "-q", "--budget", "20%", "--duration", "8", "-o", str(out), "--",
-        sys.executable, str(target), str(truth_file), "7",
+        "run", "-q", "--budget", "20%", "--duration", "60", "-o", str(out), "--",
+        sys.executable, str(target), str(truth_file), "6",  # it ends by itself: --duration is a cap
         check=True, timeout=150, env={"DYPER_SAMPLER": "native", "DYPER_PROFLETS": "cpu"},
     )  # fmt: skip
     truth = json.loads(truth_file.read_text())
