@@ -7,6 +7,10 @@ CPython 3.11-3.13. It is optional: when it does not build (another Python
 version, no compiler, missing internal headers) the install still succeeds and
 the agent uses its pure-Python walker.
 
+``agent._native`` (agent/_native.c) is the native sampler: a thread that reads
+every thread's stack without the GIL (CPython 3.11-3.13 on Linux). Optional
+too: without it the agent samples under the GIL as before.
+
 ``dyper_autostart.pth`` goes to the root of site-packages, in wheels and in
 editable installs alike: it starts the agent in any process whose environment
 has ``DYPER_MONITOR`` (see agent/autostart.py).
@@ -53,6 +57,11 @@ setup(
             "dyper.agent._fastsample",
             ["agent/_fastsample.c"],
             optional=True,
-        )
+        ),
+        Extension(
+            "dyper.agent._native",
+            ["agent/_native.c"],
+            optional=True,
+        ),
     ],
 )

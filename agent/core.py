@@ -51,6 +51,7 @@ from dyper.agent.budget import (
     cost,
     plan,
 )
+from dyper.agent.native import NativeTicker, choose_sampler
 from dyper.agent.proflet import Collector, DetailContext, ReportContext
 from dyper.agent.schedule import (
     CALIBRATION_ALPHA,
@@ -490,7 +491,12 @@ class Agent:
         #: delays in force: the local plan's, or the monitor's where they spend less
         self.sample_delay_s = self.plan.sample_delay_s
         self.report_delay_s = self.plan.report_delay_s
-        #: sampling through the C ticker; decided when the loop starts
+        #: which sampler takes the stack samples, "native" (agent/_native.c: no GIL) or
+        #: "gil" (the ticker or this thread, under the GIL), and why (see agent.native.choose_sampler)
+        self.sampler, self.sampler_why = choose_sampler()
+        #: what the ticker functions are called on: the C ticker, or the native sampler behind its interface
+        self._tk: Any = NativeTicker(self.tables, TICKER_DRAIN_AT) if self.sampler == "native" else _fast
+        #: sampling through the C ticker (or the native sampler); decided when the loop starts
         self.ticker = False
         #: the ticker was stopped by a pause, to start again on resume
         self._ticker_paused = False
@@ -698,7 +704,7 @@ class Agent:
         if self.ticker:
             # Before the pipe it writes to closes.
             with contextlib.suppress(Exception):
-                _fast.ticker_stop()
+                self._tk.ticker_stop()
         # Closed once: a descriptor number closed twice may by then be the application's.
         fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), -1, -1
         for fd in fds:
@@ -722,23 +728,28 @@ class Agent:
         self._leave(sock)
 
     def _start_ticker(self) -> None:
-        """Sample through the C ticker (see TICKER), skipping this thread, the sampler."""
-        if not TICKER:
+        """Sample through the C ticker (see TICKER) or the native sampler, skipping this thread, the sampler."""
+        if not TICKER and self.sampler != "native":
             return
         if self.ticker:
             # A replacement sampler: the running ticker skips the thread given
             # up. Its queue is drained first (a new start would discard it).
             with contextlib.suppress(Exception):
-                _fast.ticker_stop()
+                self._tk.ticker_stop()
             self._ticker_step(drain=True)
             self.ticker = False
         try:
-            _fast.ticker_start(self._ident, self._wake_w)
+            self._tk.ticker_start(self._ident, self._wake_w)
         except Exception as exc:  # e.g. no thread could be started: sample from here
             self.errors.append(f"ticker unavailable ({exc}); sampling from the agent's thread")
+            if self.sampler == "native":
+                self.sampler, self.sampler_why = "gil", f"the native sampler did not start: {exc}"
+                self._tk = _fast
+                self._hello = None  # it says which sampler runs
+                self._start_ticker()
         else:
             self.ticker = True
-            self._ticker_last = _fast.ticker_stats()
+            self._ticker_last = self._tk.ticker_stats()
             self._sync_ticker()
 
     def _serve(self, sock: zmq.Socket[Any]) -> None:
@@ -925,7 +936,7 @@ class Agent:
         Run again by a replacement when a hook hung in it: what was done is not redone.
         """
         if self.ticker:
-            _fast.ticker_stop()
+            self._tk.ticker_stop()
         for name in list(self._bursts):
             self._stop_burst(name, self.clock())
         if not self._hello_sent:
@@ -974,7 +985,7 @@ class Agent:
                 self._stop_burst(name, now)
             if self.ticker:
                 self._ticker_step(drain=True)  # the samples taken before the pause are kept
-                _fast.ticker_stop()
+                self._tk.ticker_stop()
                 self.ticker = False
                 self._ticker_paused = True
             self.paused = True
@@ -1068,13 +1079,13 @@ class Agent:
     @property
     def samples_taken(self) -> int:
         """Samples taken so far, those still in the ticker's queue included."""
-        queued = _fast.ticker_stats()["queued"] if self.ticker else 0
+        queued = self._tk.ticker_stats()["queued"] if self.ticker else 0
         return self._samples_total + int(queued)
 
     def _sync_ticker(self) -> None:
         """Give the ticker the planned delay and the guard's money."""
         rate = self.guard.rate  # what accrues per second: the budget's share of wall time
-        _fast.ticker_set(
+        self._tk.ticker_set(
             self.sample_delay_s if rate > 0 else 0.0,
             0.25,
             rate,
@@ -1093,13 +1104,13 @@ class Agent:
         over the samples drained.
         """
         t0 = _cost_clock()
-        stats = _fast.ticker_stats()
+        stats = self._tk.ticker_stats()
         last = self._ticker_last
         if drain or stats["queued"] >= TICKER_DRAIN_AT or stats["dropped"] > last["dropped"]:
             if self._activity is None:
-                n = _fast.ticker_drain(self.counts, self.tables.locs, self.tables.new_loc)
+                n = self._tk.ticker_drain(self.counts, self.tables.locs, self.tables.new_loc)
             else:
-                n = _fast.ticker_drain(
+                n = self._tk.ticker_drain(
                     self.counts,
                     self.tables.locs,
                     self.tables.new_loc,
@@ -1114,6 +1125,9 @@ class Agent:
         elsewhere = sum(stats[k] - last[k] for k in ("app_cpu_s", "ticker_cpu_s", "handoff_s"))
         self._ticker_last = stats
         self.dropped["samples"] += stats["dropped"] - last["dropped"]
+        if self.sampler == "native":  # its torn and refused reads, counted by why
+            for why, count in self._tk.counters().items():
+                self.dropped[why] = self.dropped.get(why, 0) + count
         spent = own + elsewhere
         self._window_costs["sample"] += spent
         self._accounted_s += own
@@ -1759,6 +1773,7 @@ class Agent:
                 "proflets": self._proflet_states(),
                 "details": self._details_done,
                 "paused": self.paused,
+                "sampler": {"name": self.sampler, "why": self.sampler_why},
             }
         )
         marks = self._unsent_marks
@@ -2020,6 +2035,7 @@ class Agent:
             "budget": self.budget,
             "agent_version": AGENT_VERSION,
             "capabilities": sorted({"cpu", *self.collectors}),
+            "sampler": {"name": self.sampler, "why": self.sampler_why},
         }
         if self.attach_token:
             body["attach_token"] = self.attach_token

@@ -198,6 +198,7 @@ class Hello(TypedDict):
     ceiling: NotRequired[float | None]
     ppid: NotRequired[int | None]  # the parent process: a master and its forked workers make one service
     service: NotRequired[str | None]  # $DYPER_SERVICE: processes giving the same name make one service
+    sampler: NotRequired[dict[str, str] | None]  # which stack sampler runs ({name, why}), as in a report
 
 
 class Report(TypedDict):
@@ -230,6 +231,8 @@ class Report(TypedDict):
     paused: NotRequired[bool | None]  # sampling and detailing are paused (dyper pause, agent.pause)
     marks: NotRequired[list[MarkRow] | None]
     triggers: NotRequired[list[TriggerEvent] | None]
+    # which sampler took the stacks and why: {name: "native" (no GIL, agent/_native.c) or "gil", why}
+    sampler: NotRequired[dict[str, str] | None]
 
 
 class Bye(TypedDict):
@@ -760,6 +763,8 @@ _REPORT_OPTIONAL: dict[str, _Check] = {
     "paused": _is_bool,
     "marks": _list_of(_tuple_of(_is_time, _is_str, _is_str)),
     "triggers": _list_of(_trigger_event),
+    # which sampler took the stacks and why: {name: "native" (no GIL, agent/_native.c) or "gil", why}
+    "sampler": _map_of(_is_str),
 }
 
 _SCHEMAS: dict[str, _Fields] = {
@@ -783,6 +788,7 @@ _SCHEMAS: dict[str, _Fields] = {
             "ceiling": _is_fraction,
             "ppid": _is_int,
             "service": _is_str,
+            "sampler": _map_of(_is_str),
         },
     ),
     REPORT: _Fields(_REPORT_REQUIRED, _REPORT_OPTIONAL),

@@ -13,6 +13,10 @@ and the measured cost per sample, split into walk and wake-up, from the
 agent's own ledger.
 
     python bench/yield_.py [--budget 1%] [--seconds 20] [--threads 8] [--depth 30] [--json]
+
+DYPER_SAMPLER=native (or gil) picks the sampler (see agent/native.py); the
+result says which ran, its thread's CPU per sample and what sampling took
+from the application's threads per sample.
 """
 
 from __future__ import annotations
@@ -56,9 +60,17 @@ def main(argv: list[str] | None = None) -> int:
     a = agent._agent
     assert a is not None
     time.sleep(1.0)  # let the first plans settle on measured costs
+    k0 = a._tk.ticker_stats() if a.ticker else None
     s0, spent0, t0 = a.samples_taken, a.guard.spent_s, time.monotonic()
     time.sleep(args.seconds)
     s1, spent1, t1 = a.samples_taken, a.guard.spent_s, time.monotonic()
+    k1 = a._tk.ticker_stats() if a.ticker else None
+    n = max(1, s1 - s0)
+    # The sampler's own thread (the native sampler's, or the ticker's) and what
+    # sampling took from the application's threads (the ticker's snapshots in
+    # them and its GIL hand-offs; the native sampler runs nothing there).
+    thread_us = 1e6 * (k1["ticker_cpu_s"] - k0["ticker_cpu_s"]) / n if k0 and k1 else None
+    stall_us = 1e6 * sum(k1[k] - k0[k] for k in ("app_cpu_s", "handoff_s")) / n if k0 and k1 else None
     result = {
         "python": platform.python_version(),
         "machine": f"{platform.processor() or platform.machine()}, {threading.active_count()} threads",
@@ -70,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         "wake_us": 1e6 * a.wake_cost_s,
         "lag_ms": 1e3 * a.sample_lag_s,
         "target": YIELD_TARGET,
+        "sampler": a.sampler,
+        "sampler_why": a.sampler_why,
+        "sampler_thread_us": thread_us,
+        "app_stall_us": stall_us,
     }
     agent.stop()
     stop.set()
@@ -82,6 +98,11 @@ def main(argv: list[str] | None = None) -> int:
             f"per sample {result['walk_us']:.0f} us walk + {result['wake_us']:.0f} us wake-up, "
             f"lag {result['lag_ms']:.1f} ms"
         )
+        if thread_us is not None and stall_us is not None:
+            print(
+                f"sampler {result['sampler']}: its thread {thread_us:.0f} us CPU per sample, "
+                f"the application's threads {stall_us:.1f} us per sample"
+            )
         verdict = "met" if result["samples_per_s_per_1pct"] >= YIELD_TARGET else "not met"
         print(
             f"yield: {result['samples_per_s_per_1pct']:.0f} stack samples/s per 1% of budget, "

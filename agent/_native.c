@@ -1,0 +1,1755 @@
+/*
+ * agent/_native.c -- dyper's native sampler (CPython 3.11, 3.12, 3.13 on Linux).
+ *
+ * A pthread of our own, with no thread state, that never takes the GIL and
+ * never calls the Python C API. At random instants (gaussian delays around a
+ * mean the agent sets, never in step with the application) it reads, for
+ * every thread of the interpreter: the thread's Python stack (each frame's
+ * code object address and instruction offset), its native and Python thread
+ * ids, whether it holds the GIL, its kernel state (/proc/self/task/TID/stat)
+ * and whether its CPU clock advanced since the last sample. These raw samples
+ * go into a bounded ring. The agent's thread, holding the GIL, drains the
+ * ring into counts keyed by (thread ident, raw state, interned stack).
+ *
+ * Why a module of its own and not part of agent/_fastsample.c: the two share
+ * no state and no mechanism (the ticker runs inside GIL holders; this never
+ * touches the GIL), and this one must be able to fail its own checks (a
+ * kernel that refuses process_vm_readv, an unknown layout) while the GIL
+ * walker stays the fallback.
+ *
+ * Safety. The sampler reads memory other threads write and free while it
+ * reads. Every such read goes through process_vm_readv on our own pid, which
+ * returns an error instead of faulting on an unmapped address; nothing read
+ * is dereferenced directly. What is read is checked before it is used or
+ * recorded: a thread state must belong to our interpreter, a frame's owner
+ * must be a known value, its code object's type must be PyCode_Type, its
+ * instruction pointer must lie inside that code, walks are bounded in depth
+ * and length (a corrupt chain cannot loop). A walk whose thread's top frame
+ * pointer changed while it walked is torn: dropped and counted, as is a
+ * sample with any failed check. The drain validates, with the GIL held, every
+ * code address the location tables do not hold yet: the object there must
+ * still be a live code object (plausible reference count, PyCode_Type, the
+ * same co_filename/co_name/co_firstlineno as at sample time) before it is
+ * handed to the tables, which keep it alive from then on (so a code address
+ * the tables know is that code object). Anything else is dropped and counted.
+ *
+ * Frames shown are those f_back / sys._current_frames show: incomplete frames
+ * (not past their first RESUME) and the C stack's entry frames are skipped,
+ * as _PyFrame_IsIncomplete does.
+ */
+
+#define Py_BUILD_CORE_MODULE 1
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#if defined(PYPY_VERSION) || defined(GRAALVM_PYTHON)
+#  error "agent._native needs CPython"
+#endif
+#if PY_VERSION_HEX < 0x030B0000 || PY_VERSION_HEX >= 0x030E0000
+#  error "agent._native supports CPython 3.11-3.13 only"
+#endif
+#if defined(Py_LIMITED_API) || defined(Py_GIL_DISABLED)
+#  error "agent._native reads interpreter internals of GIL builds"
+#endif
+#if !defined(__linux__)
+#  error "agent._native needs Linux (process_vm_readv, /proc)"
+#endif
+
+#include <internal/pycore_frame.h>
+#include <internal/pycore_runtime.h>
+#include <internal/pycore_interp.h>
+#include <internal/pycore_gil.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Complete frames recorded per thread; deeper stacks keep the leaf-most. */
+#define MAX_DEPTH 1024
+/* Frames examined per thread, skipped ones included. */
+#define MAX_VISITED (4 * MAX_DEPTH)
+/* Thread states examined per sample. */
+#define MAX_THREADS 1024
+/* Walks of one thread per sample before its sample is given up as torn. */
+#define WALK_ATTEMPTS 3
+/* The ring: thread samples, and frames of those samples. */
+#define RING_SAMPLES 16384
+#define RING_FRAMES (1 << 18)
+
+/* The raw states of a thread sample (see classify()). */
+enum {
+    NST_GIL = 0,       /* on a CPU (its clock moved while we looked), holding the GIL */
+    NST_NOGIL = 1,     /* on a CPU without the GIL: native code that released it */
+    NST_RUNQ = 2,      /* kernel R but its clock did not move: the run queue (see classify) */
+    NST_SLEEP = 3,     /* kernel S/D (or stopped), no GIL: blocked, or waiting for the GIL */
+    NST_SLEEP_GIL = 4, /* kernel S/D holding the GIL: blocked with it */
+    NST_UNKNOWN = 5,   /* the kernel's view could not be read (the thread ended) */
+    NST_COUNT = 6
+};
+
+/* ------------------------------------------------------------------------
+ * Reads that cannot fault.
+ * ------------------------------------------------------------------------ */
+
+static pid_t self_pid;
+
+static int
+safe_read(void *dst, uintptr_t src, size_t n)
+{
+    if (src == 0) {
+        return -1;
+    }
+    struct iovec local = {dst, n};
+    struct iovec remote = {(void *)src, n};
+    ssize_t got = process_vm_readv(self_pid, &local, 1, &remote, 1, 0);
+    return got == (ssize_t)n ? 0 : -1;
+}
+
+static int
+safe_read_ptr(uintptr_t *dst, uintptr_t src)
+{
+    return safe_read(dst, src, sizeof(*dst));
+}
+
+/* ------------------------------------------------------------------------
+ * Version-specific layout.
+ * ------------------------------------------------------------------------ */
+
+#define FRAME_HEAD_SIZE offsetof(_PyInterpreterFrame, localsplus)
+#define CODE_HEAD_SIZE offsetof(PyCodeObject, co_code_adaptive)
+
+static inline uintptr_t
+frame_code_addr(const _PyInterpreterFrame *f)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    return (uintptr_t)f->f_executable;
+#else
+    return (uintptr_t)f->f_code;
+#endif
+}
+
+static inline uintptr_t
+frame_instr_addr(const _PyInterpreterFrame *f)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    return (uintptr_t)f->instr_ptr;
+#else
+    return (uintptr_t)f->prev_instr;
+#endif
+}
+
+static inline int
+owner_known(int owner)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    return owner >= FRAME_OWNED_BY_THREAD && owner <= FRAME_OWNED_BY_CSTACK;
+#else
+    return owner >= FRAME_OWNED_BY_THREAD && owner <= FRAME_OWNED_BY_FRAME_OBJECT;
+#endif
+}
+
+static inline int
+owner_is_cstack(int owner)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    return owner == FRAME_OWNED_BY_CSTACK;
+#else
+    (void)owner;
+    return 0;
+#endif
+}
+
+/* The top frame pointer of the thread state at `tstate_addr`, whose copy is
+ * `ts`. 0 with no frame; -1 if it cannot be read. */
+static int
+top_frame(const PyThreadState *ts, uintptr_t *out)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    *out = (uintptr_t)ts->current_frame;
+    return 0;
+#else
+    uintptr_t cframe = (uintptr_t)ts->cframe;
+    if (cframe == 0) {
+        *out = 0;
+        return 0;
+    }
+    return safe_read_ptr(out, cframe + offsetof(_PyCFrame, current_frame));
+#endif
+}
+
+/* Re-read the top frame pointer straight from the thread state. */
+static int
+reread_top(uintptr_t tstate_addr, uintptr_t *out)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    return safe_read_ptr(out, tstate_addr + offsetof(PyThreadState, current_frame));
+#else
+    uintptr_t cframe;
+    if (safe_read_ptr(&cframe, tstate_addr + offsetof(PyThreadState, cframe)) < 0) {
+        return -1;
+    }
+    if (cframe == 0) {
+        *out = 0;
+        return 0;
+    }
+    return safe_read_ptr(out, cframe + offsetof(_PyCFrame, current_frame));
+#endif
+}
+
+/* Where the GIL's "locked" and "last_holder" live. */
+static uintptr_t gil_addr;
+
+static uintptr_t
+gil_addr_of(PyInterpreterState *interp)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    return (uintptr_t)interp->ceval.gil;
+#else
+    (void)interp;
+    return (uintptr_t)&_PyRuntime.ceval.gil;
+#endif
+}
+
+static uintptr_t
+gil_holder_at(uintptr_t addr)
+{
+    struct _gil_runtime_state g;
+    if (safe_read(&g, addr, sizeof(g)) < 0) {
+        return 0;
+    }
+#if PY_VERSION_HEX >= 0x030D0000
+    return g.locked ? (uintptr_t)g.last_holder : 0;
+#else
+    /* _Py_atomic_address / _Py_atomic_int: plain words inside */
+    return g.locked._value ? (uintptr_t)g.last_holder._value : 0;
+#endif
+}
+
+/* The main interpreter's GIL lives in static memory (_PyRuntime), which
+ * cannot go away: read it directly, with relaxed atomic loads. Anything
+ * else through a safe read. */
+static int gil_static;
+
+typedef struct {
+    uintptr_t last_holder;
+    unsigned long switch_number;
+    int locked;
+} gil_view;
+
+/* The GIL's state, with the thread that last took it even if it let go. A
+ * change of holder bumps switch_number (take_gil), so a thread that was not
+ * the last holder at one reading, with the same switch_number at a later
+ * one, did not run Python code in between, and its frames did not change. */
+static int
+gil_read(gil_view *v)
+{
+    struct _gil_runtime_state local;
+    struct _gil_runtime_state *g = &local;
+    if (gil_static) {
+        g = (struct _gil_runtime_state *)gil_addr;
+    }
+    else if (safe_read(&local, gil_addr, sizeof(local)) < 0) {
+        return -1;
+    }
+#if PY_VERSION_HEX >= 0x030D0000
+    v->locked = __atomic_load_n(&g->locked, __ATOMIC_ACQUIRE);
+    v->last_holder = (uintptr_t)__atomic_load_n(&g->last_holder, __ATOMIC_RELAXED);
+#else
+    v->locked = __atomic_load_n(&g->locked._value, __ATOMIC_ACQUIRE);
+    v->last_holder = __atomic_load_n(&g->last_holder._value, __ATOMIC_RELAXED);
+#endif
+    v->switch_number = __atomic_load_n(&g->switch_number, __ATOMIC_RELAXED);
+    return 0;
+}
+
+static uintptr_t
+gil_holder_of(PyInterpreterState *interp)
+{
+    return gil_holder_at(gil_addr_of(interp));
+}
+
+/* A check word for a code object: what the drain compares, at the same
+ * address, to tell the code seen at sample time from another one. */
+static inline uint32_t
+code_check(const PyCodeObject *c)
+{
+    uint64_t h = (uint64_t)(uintptr_t)c->co_filename * 0x9E3779B97F4A7C15ULL;
+    h ^= (uint64_t)(uintptr_t)c->co_name * 0xC2B2AE3D27D4EB4FULL;
+    h ^= (uint64_t)(uint32_t)c->co_firstlineno * 0x165667B19E3779F9ULL;
+    h ^= h >> 29;
+    return (uint32_t)(h ^ (h >> 32));
+}
+
+/* A reference count a live object may have; a freed block holds an
+ * allocator's free-list pointer (or NULL) in that word instead. */
+static inline int
+plausible_refcnt(Py_ssize_t rc)
+{
+    return rc > 0 && rc < ((Py_ssize_t)1 << 40);
+}
+
+/* ------------------------------------------------------------------------
+ * The ring.
+ * ------------------------------------------------------------------------ */
+
+typedef struct {
+    uintptr_t code;
+    int32_t lasti;       /* instruction offset in code units, -1 before the first */
+    uint32_t check;      /* code_check() at sample time */
+} frame_rec;
+
+typedef struct {
+    uint64_t tick;
+    uint64_t frame_start;   /* index (monotonic) of its leaf frame in the frame ring */
+    unsigned long ident;    /* threading.get_ident() of the thread */
+    int32_t native_tid;
+    uint16_t depth;
+    uint8_t state;
+    uint8_t truncated;
+} sample_rec;
+
+typedef struct {
+    pthread_mutex_t mu;
+    /* monotonic counters; the index is counter % size */
+    uint64_t s_head, s_tail, f_head, f_tail;
+    sample_rec samples[RING_SAMPLES];
+    frame_rec frames[RING_FRAMES];
+} ring_t;
+
+static ring_t *ring;
+
+/* ------------------------------------------------------------------------
+ * The sampler thread's state.
+ * ------------------------------------------------------------------------ */
+
+
+typedef struct {
+    /* set by start(), read-only while the thread runs */
+    uintptr_t interp;
+    unsigned long skip;
+    pthread_t thread;
+    int running;             /* GIL-protected */
+
+    pthread_mutex_t mu;      /* guards stop, mean_s, spread, gen */
+    pthread_cond_t cv;
+    int cv_ready;
+    int stop;
+    double mean_s, spread;
+    uint64_t gen;
+    uint64_t rng;
+    /* The agent's budget guard between two of its wake-ups (as the ticker's
+     * in _fastsample.c): seconds of the sampler's CPU allowed per second,
+     * seconds available now and at most; rate 0: no bucket. Under mu. */
+    double rate, tokens, cap, tokens_at, cost_s;
+    double late_s;           /* moving average of how late the thread wakes */
+    int wake_fd;             /* written when the ring fills: the agent drains */
+    int woken;               /* a byte was written since the last drain */
+
+    /* serialises ticks (the thread's, and sample_once()'s) */
+    pthread_mutex_t tick_mu;
+    uint64_t tick;
+    /* the tick's thread samples before they enter the ring */
+    sample_rec scratch_s[MAX_THREADS];
+    frame_rec scratch_f[MAX_DEPTH * 8];
+
+    /* counters, atomics */
+    uint64_t ticks, thread_samples, torn, bad, overflow, truncated, unread, frames;
+    uint64_t drawn;          /* runnable samples counted on a CPU by the draw in classify() */
+    uint64_t lost;           /* thread samples given up: every walk of it torn or bad */
+    uint64_t states[NST_COUNT];
+    uint64_t cpu_ns;         /* the sampler thread's CPU clock after its last tick */
+    uint64_t exit_cpu_ns;    /* ... when it ended */
+    uint64_t tick_ns;        /* wall time spent in ticks */
+} sampler_t;
+
+static sampler_t *S;
+
+static inline void
+add(uint64_t *c, uint64_t n)
+{
+    __atomic_fetch_add(c, n, __ATOMIC_RELAXED);
+}
+
+static uint64_t
+now_ns(clockid_t clk)
+{
+    struct timespec ts;
+    if (clock_gettime(clk, &ts) != 0) {
+        return 0;
+    }
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+/* CPUCLOCK_SCHED of one thread (the kernel's posix-cpu-timers encoding:
+ * ~tid << 3, per-thread bit 4, clock 2). EINVAL once the thread is gone. */
+static int
+thread_cpu_ns(int32_t tid, uint64_t *out)
+{
+    clockid_t clk = (clockid_t)(((unsigned int)~(unsigned int)tid << 3) | 6);
+    struct timespec ts;
+    if (clock_gettime(clk, &ts) != 0) {
+        return -1;
+    }
+    *out = (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+    return 0;
+}
+
+/* Field 3 of /proc/self/task/TID/stat ('R', 'S', 'D', ...), 0 if unreadable. */
+static char
+kernel_state(int32_t tid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof(path), "/proc/self/task/%d/stat", (int)tid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        return 0;
+    }
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0) {
+        return 0;
+    }
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');   /* the name may hold spaces and parens */
+    if (p == NULL || p[1] != ' ' || p[2] == 0) {
+        return 0;
+    }
+    return p[2];
+}
+
+/* Per-thread clocks remembered from the last sample (under tick_mu). */
+#define TID_SLOTS 4096
+typedef struct {
+    int32_t tid;
+    uint64_t cpu_ns, wall_ns, tick;
+} tid_slot;
+static tid_slot tid_slots[TID_SLOTS];
+static uint64_t tick_rng = 0x9E3779B97F4A7C15ULL;
+
+static tid_slot *
+tid_lookup(int32_t tid, uint64_t tick)
+{
+    uint32_t h = (uint32_t)tid * 2654435761u;
+    for (uint32_t i = 0; i < 16; i++) {
+        tid_slot *s = &tid_slots[(h + i) % TID_SLOTS];
+        if (s->tid == tid) {
+            return s;
+        }
+        if (s->tid == 0 || s->tick + 2 < tick) {   /* free, or unseen for two samples */
+            s->tid = tid;
+            s->cpu_ns = UINT64_MAX;
+            return s;
+        }
+    }
+    return NULL;
+}
+
+static double
+tick_uniform(void)
+{
+    uint64_t x = tick_rng;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    tick_rng = x;
+    return (double)((x * 0x2545F4914F6CDD1DULL) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* The state of a thread at this sample. `cpu0` is its CPU clock read just
+ * before its stack was walked: read again now, microseconds later, it has
+ * moved if the thread was on a CPU in between (the kernel brings a running
+ * thread's clock up to date when it is read). If it did not move, the
+ * kernel's state letter tells a sleeping thread from a runnable one. A
+ * runnable one that is not running is in the run queue -- or it was running
+ * on the CPU this sampler woke up on, and our wake-up put it back in the
+ * queue for as long as we look (on a machine with few CPUs, often). Which
+ * of the two cannot be read, so it is drawn: on a CPU with the probability
+ * that the thread was on one since its last sample (its CPU time over the
+ * wall time between the two), in the run queue otherwise. Counted over many
+ * samples this charges each thread its CPU clock's share. */
+static uint8_t
+classify(int32_t tid, int holds_gil, int have_cpu0, uint64_t cpu0)
+{
+    uint64_t cpu1 = 0;
+    if (!have_cpu0 || thread_cpu_ns(tid, &cpu1) < 0) {
+        return NST_UNKNOWN;   /* the thread ended */
+    }
+    /* On a CPU: what the kernel's letter says does not matter (and reading
+     * it costs three system calls). */
+    char k = cpu1 > cpu0 ? 'R' : kernel_state(tid);
+    if (k == 0) {
+        return NST_UNKNOWN;
+    }
+    uint64_t wall = now_ns(CLOCK_MONOTONIC);
+    tid_slot *slot = tid_lookup(tid, S->tick);
+    double p = -1.0;
+    if (slot != NULL) {
+        if (slot->cpu_ns != UINT64_MAX && wall > slot->wall_ns && cpu1 >= slot->cpu_ns) {
+            p = (double)(cpu1 - slot->cpu_ns) / (double)(wall - slot->wall_ns);
+        }
+        slot->cpu_ns = cpu1;
+        slot->wall_ns = wall;
+        slot->tick = S->tick;
+    }
+    int on_cpu = cpu1 > cpu0;
+    if (!on_cpu && k == 'R') {
+        if (p >= 0 && tick_uniform() < p) {
+            on_cpu = 1;
+            add(&S->drawn, 1);
+        }
+        else {
+            return NST_RUNQ;
+        }
+    }
+    if (on_cpu) {
+        return holds_gil ? NST_GIL : NST_NOGIL;
+    }
+    return holds_gil ? NST_SLEEP_GIL : NST_SLEEP;
+}
+
+/* What a walk saw of each frame it visited, for verify(). */
+typedef struct {
+    uintptr_t addr, previous, code, instr;
+} seen_frame;
+
+static seen_frame seen_buf[MAX_VISITED];   /* under tick_mu, or import-time only */
+static int n_seen;
+
+/* A copy of the top of the walked thread's data stack (where CPython keeps
+ * the frames of the running thread's calls): one read for most of a walk
+ * instead of one per frame. Frames outside it are read one by one. */
+#define REGION_MAX (64 * 1024)
+static unsigned char region_buf[REGION_MAX] __attribute__((aligned(16)));
+static uintptr_t region_lo, region_hi;   /* empty: lo == hi */
+
+static int
+read_frame(_PyInterpreterFrame *dst, uintptr_t f)
+{
+    if (f >= region_lo && f < region_hi && region_hi - f >= FRAME_HEAD_SIZE) {
+        memcpy(dst, region_buf + (f - region_lo), FRAME_HEAD_SIZE);
+        return 0;
+    }
+    return safe_read(dst, f, FRAME_HEAD_SIZE);
+}
+
+/* The headers of the code objects read lately: the threads of a program
+ * share most of their code, and run the same code sample after sample. An
+ * entry is used for CODE_TTL_NS at most. A frame that really is one points
+ * to a live code object, so the entry for its address is that object's
+ * unless the object died and another took its place within the TTL; then
+ * the check word recorded is the old object's, and the drain, which
+ * validates every address the tables do not hold yet, refuses it (a
+ * location the tables hold is alive: its address is still it). The frames
+ * themselves are verified (verify()), so a torn chain does not get here. */
+#define CODE_SLOTS 1024
+#define CODE_TTL_NS 250000000ULL
+typedef struct {
+    uintptr_t addr;
+    uint64_t tick;            /* when read (CLOCK_MONOTONIC ns) */
+    Py_ssize_t size;
+    int firsttraceable;
+    uint32_t check;
+} code_slot;
+static code_slot code_cache[CODE_SLOTS];
+static uint64_t code_tick;   /* now (ns) in this tick; 0: do not cache */
+
+/* The header fields walk() needs of the code object at `code`; -1 if it is
+ * not one. */
+static int
+read_code(uintptr_t code, Py_ssize_t *size, int *firsttraceable, uint32_t *check)
+{
+    code_slot *slot = NULL;
+    if (code_tick != 0) {
+        slot = &code_cache[((code >> 4) * 0x9E3779B97F4A7C15ULL >> 40) % CODE_SLOTS];
+        if (slot->addr == code && code_tick - slot->tick < CODE_TTL_NS) {
+            *size = slot->size;
+            *firsttraceable = slot->firsttraceable;
+            *check = slot->check;
+            return 0;
+        }
+    }
+    PyCodeObject cbuf;   /* only the first CODE_HEAD_SIZE bytes are read */
+    const PyCodeObject *c = &cbuf;
+    if ((code & (sizeof(void *) - 1)) != 0 || safe_read(&cbuf, code, CODE_HEAD_SIZE) < 0) {
+        return -1;
+    }
+    if (Py_TYPE((PyObject *)c) != &PyCode_Type || !plausible_refcnt(Py_REFCNT((PyObject *)c))) {
+        return -1;
+    }
+    *size = Py_SIZE((PyObject *)c);
+    *firsttraceable = c->_co_firsttraceable;
+    *check = code_check(c);
+    if (slot != NULL) {
+        slot->addr = code;
+        slot->tick = code_tick;
+        slot->size = *size;
+        slot->firsttraceable = *firsttraceable;
+        slot->check = *check;
+    }
+    return 0;
+}
+
+/* Walk one thread's frames into `out` (leaf first). Returns the depth, or -1
+ * if the walk failed a check (the sample is dropped). */
+static int
+walk(uintptr_t top, frame_rec *out, int cap, int *truncated)
+{
+    int depth = 0;
+    int visited = 0;
+    uintptr_t f = top;
+    _PyInterpreterFrame fbuf;   /* only the first FRAME_HEAD_SIZE bytes are read */
+    *truncated = 0;
+    n_seen = 0;
+    while (f != 0) {
+        if (++visited > MAX_VISITED) {
+            return -1;   /* a chain this long is a loop or garbage */
+        }
+        if (depth >= cap) {
+            *truncated = 1;
+            break;
+        }
+        if ((f & (sizeof(void *) - 1)) != 0 || read_frame(&fbuf, f) < 0) {
+            return -1;
+        }
+        const _PyInterpreterFrame *fr = &fbuf;
+        int owner = fr->owner;
+        if (!owner_known(owner)) {
+            return -1;
+        }
+        uintptr_t prev = (uintptr_t)fr->previous;
+        seen_frame *sf = &seen_buf[n_seen++];
+        sf->addr = f;
+        sf->previous = prev;
+        sf->code = frame_code_addr(fr);
+        sf->instr = frame_instr_addr(fr);
+        if (owner_is_cstack(owner)) {
+            f = prev;
+            continue;
+        }
+        uintptr_t code = frame_code_addr(fr);
+        Py_ssize_t size;
+        int firsttraceable;
+        uint32_t check;
+        if (read_code(code, &size, &firsttraceable, &check) < 0) {
+            return -1;
+        }
+        intptr_t diff = (intptr_t)(frame_instr_addr(fr) - (code + CODE_HEAD_SIZE));
+        if (size <= 0 || diff % (intptr_t)sizeof(_Py_CODEUNIT) != 0) {
+            return -1;
+        }
+        intptr_t units = diff / (intptr_t)sizeof(_Py_CODEUNIT);
+        if (units < -1 || units >= size) {
+            return -1;
+        }
+        if (owner != FRAME_OWNED_BY_GENERATOR && units < firsttraceable) {
+            f = prev;    /* incomplete: not shown by f_back either */
+            continue;
+        }
+        out[depth].code = code;
+        out[depth].lasti = (int32_t)units;
+        out[depth].check = check;
+        depth++;
+        f = prev;
+    }
+    return depth;
+}
+
+/* Read every frame the last walk visited again, in as few system calls as
+ * possible, and compare: a frame popped and its memory reused while the walk
+ * went on (the thread kept running) shows as a changed link, code object or,
+ * in a caller, instruction. Popped frames stay in memory as they were,
+ * above the thread's data-stack top, so the same copy first reads that top
+ * (the kernel copies in order, microseconds apart): a frame of the walk in
+ * the current chunk but at or above the top is gone, and the walk is torn
+ * even if its memory still reads the same. A thread that runs can also come
+ * back to the very same top frame address by the time the walk ends, so the
+ * top frame pointer alone does not tell either. Returns 0 if all is as the
+ * walk saw it. */
+#define VERIFY_BATCH 256
+_Static_assert(offsetof(PyThreadState, datastack_top) == offsetof(PyThreadState, datastack_chunk) + sizeof(void *)
+               && offsetof(PyThreadState, datastack_limit) == offsetof(PyThreadState, datastack_top) + sizeof(void *),
+               "verify() reads the data stack's chunk, top and limit in one piece");
+static int
+verify(uintptr_t tstate_addr)
+{
+    static _PyInterpreterFrame again[VERIFY_BATCH];   /* under tick_mu */
+    struct iovec local[VERIFY_BATCH + 1], remote[VERIFY_BATCH + 1];
+    uintptr_t ds[3];   /* datastack_chunk, datastack_top, datastack_limit */
+    local[0].iov_base = ds;
+    local[0].iov_len = sizeof(ds);
+    remote[0].iov_base = (void *)(tstate_addr + offsetof(PyThreadState, datastack_chunk));
+    remote[0].iov_len = sizeof(ds);
+    for (int base = 0; base < n_seen; base += VERIFY_BATCH) {
+        int n = n_seen - base < VERIFY_BATCH ? n_seen - base : VERIFY_BATCH;
+        int first = base == 0 ? 1 : 0;   /* the top goes with the first batch */
+        for (int i = 0; i < n; i++) {
+            local[first + i].iov_base = &again[i];
+            local[first + i].iov_len = FRAME_HEAD_SIZE;
+            remote[first + i].iov_base = (void *)seen_buf[base + i].addr;
+            remote[first + i].iov_len = FRAME_HEAD_SIZE;
+        }
+        ssize_t want = (ssize_t)(n * FRAME_HEAD_SIZE) + (first ? (ssize_t)sizeof(ds) : 0);
+        ssize_t got = process_vm_readv(self_pid, local + (1 - first), (unsigned long)(n + first),
+                                       remote + (1 - first), (unsigned long)(n + first), 0);
+        if (got != want) {
+            return -1;
+        }
+        uintptr_t chunk_lo = ds[0] + offsetof(_PyStackChunk, data), top = ds[1], limit = ds[2];
+        for (int i = 0; i < n; i++) {
+            const seen_frame *sf = &seen_buf[base + i];
+            if (sf->addr >= chunk_lo && sf->addr < limit && sf->addr >= top) {
+                return -1;   /* above the top: popped */
+            }
+            if ((uintptr_t)again[i].previous != sf->previous || frame_code_addr(&again[i]) != sf->code) {
+                return -1;
+            }
+            /* The leaf moves on as it runs; a caller's position is fixed while its callee lives. */
+            if (base + i > 0 && frame_instr_addr(&again[i]) != sf->instr) {
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* Push the scratch samples of a tick into the ring, dropping the oldest to
+ * make room. */
+static void
+ring_commit(int ns, int nf_total)
+{
+    pthread_mutex_lock(&ring->mu);
+    uint64_t dropped = 0;
+    for (int i = 0; i < ns; i++) {
+        sample_rec *s = &S->scratch_s[i];
+        uint64_t d = s->depth;
+        while (ring->s_head - ring->s_tail >= RING_SAMPLES
+               || ring->f_head + d - ring->f_tail > RING_FRAMES) {
+            if (ring->s_tail == ring->s_head) {
+                ring->f_tail = ring->f_head;
+                break;
+            }
+            ring->s_tail++;
+            ring->f_tail = ring->s_tail == ring->s_head
+                ? ring->f_head
+                : ring->samples[ring->s_tail % RING_SAMPLES].frame_start;
+            dropped++;
+        }
+        uint64_t start = ring->f_head;
+        for (uint64_t j = 0; j < d; j++) {
+            ring->frames[(start + j) % RING_FRAMES] = S->scratch_f[s->frame_start + j];
+        }
+        ring->f_head += d;
+        sample_rec *dst = &ring->samples[ring->s_head % RING_SAMPLES];
+        *dst = *s;
+        dst->frame_start = start;
+        ring->s_head++;
+    }
+    int wake = ring->s_head - ring->s_tail >= RING_SAMPLES / 4 && !S->woken;
+    if (wake) {
+        S->woken = 1;
+    }
+    pthread_mutex_unlock(&ring->mu);
+    (void)nf_total;
+    int fd = __atomic_load_n(&S->wake_fd, __ATOMIC_ACQUIRE);
+    if (wake && fd >= 0) {
+        char c = 'n';
+        ssize_t rc = write(fd, &c, 1);   /* non-blocking pipe; a full one wakes it already */
+        (void)rc;
+    }
+    if (dropped) {
+        add(&S->overflow, dropped);
+    }
+}
+
+/* One sample of every thread. Under tick_mu. Never calls the C API. */
+static void
+tick_once(void)
+{
+    uint64_t t0 = now_ns(CLOCK_MONOTONIC);
+    S->tick++;
+    code_tick = t0;
+    int ns = 0, nf = 0;
+    const int fcap = (int)(sizeof(S->scratch_f) / sizeof(S->scratch_f[0]));
+    uintptr_t ts_addr;
+    if (safe_read_ptr(&ts_addr, S->interp + offsetof(PyInterpreterState, threads.head)) < 0) {
+        add(&S->unread, 1);
+        return;
+    }
+    int nthreads = 0;
+    uint64_t torn = 0, bad = 0, trunc = 0, lost = 0;
+    PyThreadState tsbuf;
+    while (ts_addr != 0) {
+        if (++nthreads > MAX_THREADS) {
+            bad++;
+            break;
+        }
+        /* The GIL's state is read before the thread state: a walk is known
+         * still (see below) only if the thread ran no Python code from the
+         * moment its top frame pointer was read to the end of the walk. */
+        gil_view g_pre = {0, 0, 0};
+        int have_g_pre = gil_read(&g_pre) == 0;
+        if ((ts_addr & (sizeof(void *) - 1)) != 0 || safe_read(&tsbuf, ts_addr, sizeof(tsbuf)) < 0) {
+            bad++;
+            break;
+        }
+        const PyThreadState *ts = &tsbuf;
+        if ((uintptr_t)ts->interp != S->interp) {
+            bad++;     /* freed and reused under us: the rest of the list is not ours */
+            break;
+        }
+        uintptr_t next = (uintptr_t)ts->next;
+        unsigned long ident = ts->thread_id;
+        int32_t ntid = (int32_t)ts->native_thread_id;
+        uintptr_t top;
+        if (ident == S->skip || ns >= MAX_THREADS || top_frame(ts, &top) < 0 || top == 0) {
+            ts_addr = next;
+            continue;
+        }
+        int truncated = 0;
+        int room = fcap - nf;
+        if (room > MAX_DEPTH) {
+            room = MAX_DEPTH;
+        }
+        if (room <= 0) {
+            trunc++;
+            ts_addr = next;
+            continue;
+        }
+        /* A walk of a thread that runs may be torn (its frames changed under
+         * us): it is dropped, and the thread walked again from its current
+         * top, a few times, so that threads that run are not the ones whose
+         * samples go missing. */
+        uint64_t cpu0 = 0;
+        int have_cpu0 = 0, have_g = 0, depth = -1, torn_now = 0;
+        gil_view g0 = {0, 0, 0}, g1 = {0, 0, 0};
+        for (int attempt = 0; attempt < WALK_ATTEMPTS; attempt++) {
+            if (attempt == 0) {
+                g0 = g_pre;
+                have_g = have_g_pre;
+            }
+            else {
+                have_g = gil_read(&g0) == 0;
+                if (safe_read(&tsbuf, ts_addr, sizeof(tsbuf)) < 0 || (uintptr_t)ts->interp != S->interp
+                    || ts->thread_id != ident || top_frame(ts, &top) < 0 || top == 0) {
+                    depth = -1;
+                    break;   /* it ended meanwhile */
+                }
+            }
+            have_cpu0 = ntid > 0 && thread_cpu_ns(ntid, &cpu0) == 0;
+            region_lo = region_hi = 0;
+            uintptr_t chunk = (uintptr_t)ts->datastack_chunk, ds_top = (uintptr_t)ts->datastack_top;
+            if (chunk != 0 && ds_top > chunk + offsetof(_PyStackChunk, data)) {
+                uintptr_t lo = chunk + offsetof(_PyStackChunk, data);
+                if (ds_top - lo > REGION_MAX) {
+                    lo = (ds_top - REGION_MAX) & ~(uintptr_t)(sizeof(void *) - 1);
+                }
+                if (safe_read(region_buf, lo, ds_top - lo) == 0) {
+                    region_lo = lo;
+                    region_hi = ds_top;
+                }
+            }
+            depth = walk(top, &S->scratch_f[nf], room, &truncated);
+            region_lo = region_hi = 0;
+            have_g = have_g && gil_read(&g1) == 0;
+            /* Not the last holder, and no other thread took the GIL since: it
+             * ran no Python code while we walked, so what we read is what it has. */
+            int still = have_g && g0.last_holder != ts_addr && g1.last_holder == g0.last_holder
+                        && g1.switch_number == g0.switch_number;
+            uintptr_t top2 = 0;
+            torn_now = 0;
+            if (depth < 0) {
+                bad++;
+            }
+            else if (!still && (verify(ts_addr) < 0 || reread_top(ts_addr, &top2) < 0 || top2 != top)) {
+                torn++;
+                torn_now = 1;
+            }
+            else {
+                break;
+            }
+        }
+        if (depth < 0 || torn_now) {
+            lost++;
+        }
+        else if (depth > 0) {
+            int holds = have_g && g1.locked && g1.last_holder == ts_addr;
+            uint8_t st = ntid > 0 ? classify(ntid, holds, have_cpu0, cpu0) : NST_UNKNOWN;
+            sample_rec *s = &S->scratch_s[ns++];
+            s->tick = S->tick;
+            s->frame_start = (uint64_t)nf;
+            s->ident = ident;
+            s->native_tid = ntid;
+            s->depth = (uint16_t)depth;
+            s->state = st;
+            s->truncated = (uint8_t)truncated;
+            trunc += (uint64_t)truncated;
+            nf += depth;
+            add(&S->states[st], 1);
+        }
+        ts_addr = next;
+    }
+    code_tick = 0;
+    ring_commit(ns, nf);
+    add(&S->ticks, 1);
+    add(&S->thread_samples, (uint64_t)ns);
+    add(&S->frames, (uint64_t)nf);
+    if (torn) {
+        add(&S->torn, torn);
+    }
+    if (bad) {
+        add(&S->bad, bad);
+    }
+    if (trunc) {
+        add(&S->truncated, trunc);
+    }
+    if (lost) {
+        add(&S->lost, lost);
+    }
+    add(&S->tick_ns, now_ns(CLOCK_MONOTONIC) - t0);
+}
+
+/* xorshift64*, then Box-Muller: a gaussian delay around the mean. Under mu. */
+static double
+uniform01(void)
+{
+    uint64_t x = S->rng;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    S->rng = x;
+    return (double)((x * 0x2545F4914F6CDD1DULL) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static double
+next_delay(void)
+{
+    double u1 = uniform01(), u2 = uniform01();
+    if (u1 < 1e-12) {
+        u1 = 1e-12;
+    }
+    double g = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+    double d = S->mean_s * (1.0 + S->spread * g);
+    double floor = S->mean_s * 0.1;
+    return d < floor ? floor : d;
+}
+
+static struct timespec
+abs_time(double t)
+{
+    struct timespec ts;
+    ts.tv_sec = (time_t)t;
+    ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    if (ts.tv_nsec < 0) {
+        ts.tv_nsec = 0;
+    }
+    return ts;
+}
+
+static void *
+sampler_main(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&S->mu);
+    uint64_t gen = S->gen;
+    double next = (double)now_ns(CLOCK_MONOTONIC) * 1e-9 + (S->mean_s > 0 ? next_delay() : 0.0);
+    while (!S->stop) {
+        double wake = S->mean_s > 0 ? next : (double)now_ns(CLOCK_MONOTONIC) * 1e-9 + 3600.0;
+        struct timespec ts = abs_time(wake);
+        int rc = pthread_cond_timedwait(&S->cv, &S->mu, &ts);
+        if (S->stop) {
+            break;
+        }
+        double now = (double)now_ns(CLOCK_MONOTONIC) * 1e-9;
+        if (S->gen != gen) {
+            gen = S->gen;
+            double fresh = now + (S->mean_s > 0 ? next_delay() : 0.0);
+            if (!(next > now && next < fresh)) {
+                next = fresh;
+            }
+            continue;
+        }
+        if (rc != ETIMEDOUT || now < wake || S->mean_s <= 0) {
+            continue;
+        }
+        S->late_s += 0.05 * ((now - wake) - S->late_s);
+        if (S->rate > 0) {
+            double elapsed = now - S->tokens_at;
+            if (elapsed > 0) {
+                S->tokens += elapsed * S->rate;
+                if (S->tokens > S->cap) {
+                    S->tokens = S->cap;
+                }
+            }
+            S->tokens_at = now;
+            if (S->tokens < S->cost_s) {
+                /* over budget until the bucket refills, or the agent sets new tokens */
+                double w = (S->cost_s - S->tokens) / S->rate;
+                next = now + (w < 3600.0 ? w : 3600.0);
+                continue;
+            }
+        }
+        next = now + next_delay();
+        pthread_mutex_unlock(&S->mu);
+        uint64_t c0 = now_ns(CLOCK_THREAD_CPUTIME_ID);
+        pthread_mutex_lock(&S->tick_mu);
+        tick_once();
+        pthread_mutex_unlock(&S->tick_mu);
+        uint64_t c1 = now_ns(CLOCK_THREAD_CPUTIME_ID);
+        __atomic_store_n(&S->cpu_ns, c1, __ATOMIC_RELAXED);
+        pthread_mutex_lock(&S->mu);
+        double cost = (double)(c1 - c0) * 1e-9;
+        S->cost_s += 0.1 * (cost - S->cost_s);
+        if (S->rate > 0) {
+            S->tokens -= cost;
+        }
+    }
+    pthread_mutex_unlock(&S->mu);
+    __atomic_store_n(&S->exit_cpu_ns, now_ns(CLOCK_THREAD_CPUTIME_ID), __ATOMIC_RELAXED);
+    return NULL;
+}
+
+static void
+after_fork_child(void)
+{
+    /* Only the forking thread survives: no sampler thread, and the locks may
+     * have been held by it. */
+    if (S == NULL) {
+        return;
+    }
+    pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+    S->mu = fresh;
+    S->tick_mu = fresh;
+    ring->mu = fresh;
+    /* the parent's samples are not the child's */
+    ring->s_tail = ring->s_head;
+    ring->f_tail = ring->f_head;
+    S->cv_ready = 0;
+    S->running = 0;
+    S->stop = 0;
+    S->wake_fd = -1;
+    self_pid = getpid();
+}
+
+/* ------------------------------------------------------------------------
+ * Python functions (called with the GIL).
+ * ------------------------------------------------------------------------ */
+
+static int
+init_cv(void)
+{
+    if (S->cv_ready) {
+        return 0;
+    }
+    pthread_condattr_t attr;
+    if (pthread_condattr_init(&attr) != 0) {
+        return -1;
+    }
+    int rc = pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    if (rc == 0) {
+        rc = pthread_cond_init(&S->cv, &attr);
+    }
+    pthread_condattr_destroy(&attr);
+    if (rc != 0) {
+        return -1;
+    }
+    S->cv_ready = 1;
+    return 0;
+}
+
+static void
+bind_interpreter(unsigned long skip)
+{
+    PyInterpreterState *interp = PyInterpreterState_Get();
+    S->interp = (uintptr_t)interp;
+    S->skip = skip;
+    self_pid = getpid();
+    gil_addr = gil_addr_of(interp);
+    uintptr_t rt = (uintptr_t)&_PyRuntime;
+    gil_static = gil_addr >= rt && gil_addr + sizeof(struct _gil_runtime_state) <= rt + sizeof(_PyRuntime);
+}
+
+PyDoc_STRVAR(start_doc,
+"start(skip_ident, wake_fd=-1, /) -> None\n\n"
+"Start the sampler thread, paused until set() gives it a delay. It never\n"
+"samples the thread whose threading ident is skip_ident. wake_fd: the write\n"
+"end of a non-blocking pipe, written when the ring is a quarter full.");
+
+static PyObject *
+native_start(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "start() takes 1 or 2 arguments");
+        return NULL;
+    }
+    unsigned long skip = PyLong_AsUnsignedLong(args[0]);
+    if (skip == (unsigned long)-1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    long fd = -1;
+    if (nargs == 2) {
+        fd = PyLong_AsLong(args[1]);
+        if (fd == -1 && PyErr_Occurred()) {
+            return NULL;
+        }
+        if (fd < -1 || fd > INT32_MAX) {
+            PyErr_SetString(PyExc_ValueError, "wake_fd must be a file descriptor or -1");
+            return NULL;
+        }
+    }
+    if (S->running) {
+        PyErr_SetString(PyExc_RuntimeError, "the native sampler is running already");
+        return NULL;
+    }
+    if (init_cv() < 0) {
+        PyErr_SetString(PyExc_OSError, "cannot make the sampler's condition variable");
+        return NULL;
+    }
+    pthread_mutex_lock(&S->tick_mu);
+    bind_interpreter(skip);
+    pthread_mutex_unlock(&S->tick_mu);
+    pthread_mutex_lock(&S->mu);
+    S->stop = 0;
+    S->mean_s = 0.0;
+    S->spread = 0.25;
+    S->rate = 0.0;
+    S->cost_s = 0.0;
+    S->late_s = 0.0;
+    S->gen++;
+    __atomic_store_n(&S->wake_fd, (int)fd, __ATOMIC_RELEASE);
+    S->rng = now_ns(CLOCK_MONOTONIC) ^ ((uint64_t)getpid() << 32) ^ 0x9E3779B97F4A7C15ULL;
+    if (S->rng == 0) {
+        S->rng = 1;
+    }
+    pthread_mutex_unlock(&S->mu);
+    __atomic_store_n(&S->cpu_ns, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&S->exit_cpu_ns, 0, __ATOMIC_RELAXED);
+    /* Signals go to the application's threads, never to ours. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int rc = pthread_create(&S->thread, NULL, sampler_main, NULL);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0) {
+        errno = rc;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    S->running = 1;
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(set_doc,
+"set(mean_s, spread, rate=0, tokens=0, cap=0, /) -> None\n\n"
+"Sample at gaussian intervals around mean_s (relative sd spread); 0 pauses.\n"
+"With rate > 0, the sampler also keeps a token bucket of its own CPU time:\n"
+"rate seconds accrue per second up to cap, tokens are there now; each\n"
+"sample pays what it cost, and none is taken while the bucket cannot pay.");
+
+static PyObject *
+native_set(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 2 && nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "set() takes 2 or 5 arguments");
+        return NULL;
+    }
+    double mean = PyFloat_AsDouble(args[0]);
+    double spread = PyFloat_AsDouble(args[1]);
+    double rate = 0.0, tokens = 0.0, cap = 0.0;
+    if (nargs == 5) {
+        rate = PyFloat_AsDouble(args[2]);
+        tokens = PyFloat_AsDouble(args[3]);
+        cap = PyFloat_AsDouble(args[4]);
+    }
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if (!(rate >= 0) || !isfinite(rate) || !isfinite(tokens) || !isfinite(cap)) {
+        PyErr_SetString(PyExc_ValueError, "rate >= 0, tokens and cap finite");
+        return NULL;
+    }
+    if (!(mean >= 0) || !(spread >= 0) || spread > 1 || !isfinite(mean)) {
+        PyErr_SetString(PyExc_ValueError, "mean_s >= 0 and 0 <= spread <= 1");
+        return NULL;
+    }
+    if (mean > 0 && mean < 20e-6) {
+        mean = 20e-6;   /* the highest rate: 50 kHz */
+    }
+    pthread_mutex_lock(&S->mu);
+    if (nargs == 5) {
+        S->rate = rate;
+        S->cap = cap;
+        S->tokens = tokens < cap ? tokens : cap;
+        S->tokens_at = (double)now_ns(CLOCK_MONOTONIC) * 1e-9;
+        if (S->cv_ready) {
+            pthread_cond_signal(&S->cv);   /* money may have come: look again */
+        }
+    }
+    if (S->mean_s != mean || S->spread != spread) {
+        S->mean_s = mean;
+        S->spread = spread;
+        S->gen++;
+        if (S->cv_ready) {
+            pthread_cond_signal(&S->cv);
+        }
+    }
+    pthread_mutex_unlock(&S->mu);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(stop_doc, "stop() -> None\n\nStop the sampler thread and wait for it. The ring keeps its samples.");
+
+static PyObject *
+native_stop(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    if (!S->running) {
+        Py_RETURN_NONE;
+    }
+    pthread_mutex_lock(&S->mu);
+    S->stop = 1;
+    pthread_cond_signal(&S->cv);
+    pthread_mutex_unlock(&S->mu);
+    Py_BEGIN_ALLOW_THREADS
+    pthread_join(S->thread, NULL);
+    Py_END_ALLOW_THREADS
+    S->running = 0;
+    __atomic_store_n(&S->wake_fd, -1, __ATOMIC_RELEASE);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(sample_once_doc,
+"sample_once(skip_ident, /) -> None\n\n"
+"Take one sample now, on the calling thread, exactly as the sampler thread\n"
+"does (for tests and the self-check). The calling thread holds the GIL.");
+
+static PyObject *
+native_sample_once(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    unsigned long skip = PyLong_AsUnsignedLong(arg);
+    if (skip == (unsigned long)-1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    pthread_mutex_lock(&S->tick_mu);
+    if (!S->running) {
+        bind_interpreter(skip);
+    }
+    tick_once();
+    pthread_mutex_unlock(&S->tick_mu);
+    Py_RETURN_NONE;
+}
+
+/* --- drain ------------------------------------------------------------- */
+
+/* (code, lasti) -> location, for one drain: most frames repeat. */
+typedef struct {
+    uintptr_t code;
+    int32_t lasti;
+    uint32_t check;
+    PyObject *loc;     /* strong; NULL: empty; Py_None: invalid (dropped) */
+} memo_t;
+
+#define MEMO_SLOTS 8192
+
+static inline size_t
+memo_hash(uintptr_t code, int32_t lasti)
+{
+    uint64_t h = ((uint64_t)code >> 4) * 0x9E3779B97F4A7C15ULL ^ (uint64_t)(uint32_t)lasti * 0xC2B2AE3D27D4EB4FULL;
+    return (size_t)(h ^ (h >> 31)) % MEMO_SLOTS;
+}
+
+static PyObject *
+make_key(int32_t lasti_units, uintptr_t code)
+{
+    long long lasti = lasti_units < 0 ? -1 : (long long)lasti_units * (long long)sizeof(_Py_CODEUNIT);
+    if (lasti >= 0 && lasti < (1LL << 16)) {
+        return PyLong_FromUnsignedLongLong(((unsigned long long)lasti << 48) | (unsigned long long)code);
+    }
+    PyObject *l = PyLong_FromLongLong(lasti), *s = PyLong_FromLong(48);
+    PyObject *shifted = NULL, *ident = NULL, *key = NULL;
+    if (l != NULL && s != NULL) {
+        shifted = PyNumber_Lshift(l, s);
+    }
+    if (shifted != NULL) {
+        ident = PyLong_FromVoidPtr((void *)code);
+    }
+    if (ident != NULL) {
+        key = PyNumber_Or(shifted, ident);
+    }
+    Py_XDECREF(l);
+    Py_XDECREF(s);
+    Py_XDECREF(shifted);
+    Py_XDECREF(ident);
+    return key;
+}
+
+/* The location of a frame, new reference; Py_None (new ref) if the frame
+ * fails validation; NULL with an exception on error. */
+static PyObject *
+resolve(PyObject *locs, PyObject *new_loc, const frame_rec *fr, uint64_t *invalid)
+{
+    PyObject *key = make_key(fr->lasti, fr->code);
+    if (key == NULL) {
+        return NULL;
+    }
+    /* Is the code object seen at sample time still there, alive? Asked even
+     * of an address the tables know (they keep that object alive): the one
+     * seen may have died before the tables took another one at its address. */
+    PyCodeObject cbuf;   /* only the first CODE_HEAD_SIZE bytes are read */
+    const PyCodeObject *c = &cbuf;
+    if (safe_read(&cbuf, fr->code, CODE_HEAD_SIZE) < 0
+        || Py_TYPE((PyObject *)c) != &PyCode_Type
+        || !plausible_refcnt(Py_REFCNT((PyObject *)c))
+        || code_check(c) != fr->check
+        || fr->lasti >= Py_SIZE((PyObject *)c))
+    {
+        Py_DECREF(key);
+        (*invalid)++;
+        Py_RETURN_NONE;
+    }
+    PyObject *loc = PyDict_GetItemWithError(locs, key);   /* borrowed */
+    if (loc != NULL) {
+        Py_DECREF(key);
+        return Py_NewRef(loc);
+    }
+    if (PyErr_Occurred()) {
+        Py_DECREF(key);
+        return NULL;
+    }
+    /* We hold the GIL and run no Python code until it has a reference of
+     * ours: it cannot be freed in between. */
+    PyObject *code = Py_NewRef((PyObject *)fr->code);
+    int lasti_b = fr->lasti < 0 ? -1 : fr->lasti * (int)sizeof(_Py_CODEUNIT);
+    int line = PyCode_Addr2Line((PyCodeObject *)code, lasti_b < 0 ? 0 : lasti_b);
+    PyObject *lasti_obj = PyLong_FromLong(lasti_b);
+    PyObject *line_obj = line < 0 ? Py_NewRef(Py_None) : PyLong_FromLong(line);
+    PyObject *res = NULL;
+    if (lasti_obj != NULL && line_obj != NULL) {
+        PyObject *args[4] = {key, code, lasti_obj, line_obj};
+        res = PyObject_Vectorcall(new_loc, args, 4, NULL);
+    }
+    Py_DECREF(key);
+    Py_DECREF(code);
+    Py_XDECREF(lasti_obj);
+    Py_XDECREF(line_obj);
+    return res;
+}
+
+static uint64_t drain_invalid, drain_dropped;
+
+PyDoc_STRVAR(drain_doc,
+"drain(raw, locs, new_loc, hist=None, /) -> int\n\n"
+"Move the ring's samples into raw: raw[(ident, state, stack)] += 1, stack\n"
+"being a tuple of locations, leaf first, from locs (the tables' dict of\n"
+"(f_lasti << 48) | id(code) -> location) or new_loc(key, code, f_lasti,\n"
+"f_lineno) for code not seen before, once validated. Returns how many\n"
+"sampling instants were drained. hist, a list of ints: hist[min(n, len - 1)]\n"
+"is incremented for each instant at which n threads were on a CPU.");
+
+static PyObject *
+native_drain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs < 3 || nargs > 4 || !PyDict_Check(args[0]) || !PyDict_Check(args[1])
+        || (nargs == 4 && args[3] != Py_None && (!PyList_Check(args[3]) || PyList_GET_SIZE(args[3]) == 0))) {
+        PyErr_SetString(PyExc_TypeError, "drain(raw: dict, locs: dict, new_loc, hist: list | None = None)");
+        return NULL;
+    }
+    PyObject *raw = args[0], *locs = args[1], *new_loc = args[2];
+    PyObject *hist = nargs == 4 && args[3] != Py_None ? args[3] : NULL;
+
+    /* Copy the ring out, so that the sampler never waits on Python code. */
+    pthread_mutex_lock(&ring->mu);
+    uint64_t ns = ring->s_head - ring->s_tail;
+    uint64_t nf = ring->f_head - ring->f_tail;
+    sample_rec *ss = ns ? PyMem_RawMalloc(ns * sizeof(sample_rec)) : NULL;
+    frame_rec *ff = nf ? PyMem_RawMalloc(nf * sizeof(frame_rec)) : NULL;
+    uint64_t f0 = ring->f_tail;
+    if ((ns && ss == NULL) || (nf && ff == NULL)) {
+        pthread_mutex_unlock(&ring->mu);
+        PyMem_RawFree(ss);
+        PyMem_RawFree(ff);
+        return PyErr_NoMemory();
+    }
+    for (uint64_t i = 0; i < ns; i++) {
+        ss[i] = ring->samples[(ring->s_tail + i) % RING_SAMPLES];
+    }
+    for (uint64_t i = 0; i < nf; i++) {
+        ff[i] = ring->frames[(f0 + i) % RING_FRAMES];
+    }
+    ring->s_tail = ring->s_head;
+    ring->f_tail = ring->f_head;
+    S->woken = 0;
+    pthread_mutex_unlock(&ring->mu);
+
+    memo_t *memo = PyMem_Calloc(MEMO_SLOTS, sizeof(memo_t));
+    if (memo == NULL && nf) {
+        PyMem_RawFree(ss);
+        PyMem_RawFree(ff);
+        return PyErr_NoMemory();
+    }
+    uint64_t invalid = 0, dropped = 0, instants = 0, last_tick = 0;
+    Py_ssize_t on_cpu = 0;
+    PyObject *result = NULL;
+    for (uint64_t i = 0; i <= ns; i++) {
+        if (hist != NULL && i > 0 && (i == ns || ss[i].tick != last_tick)) {
+            /* the instant last_tick is complete */
+            Py_ssize_t top = PyList_GET_SIZE(hist) - 1;
+            Py_ssize_t at = on_cpu < top ? on_cpu : top;
+            PyObject *old = PyList_GET_ITEM(hist, at);
+            long v = PyLong_Check(old) ? PyLong_AsLong(old) : 0;
+            PyObject *nv = PyLong_FromLong(v + 1);
+            if (nv == NULL) {
+                goto done;
+            }
+            PyList_SetItem(hist, at, nv);
+            on_cpu = 0;
+        }
+        if (i == ns) {
+            break;
+        }
+        const sample_rec *s = &ss[i];
+        if (s->tick != last_tick) {
+            instants++;
+            last_tick = s->tick;
+        }
+        if (s->state == NST_GIL || s->state == NST_NOGIL) {
+            on_cpu++;
+        }
+        PyObject *stack = PyTuple_New(s->depth);
+        if (stack == NULL) {
+            goto done;
+        }
+        int ok = 1;
+        for (uint16_t j = 0; j < s->depth; j++) {
+            const frame_rec *fr = &ff[s->frame_start - f0 + j];
+            size_t h = memo_hash(fr->code, fr->lasti);
+            PyObject *loc = NULL;
+            for (size_t k = 0; k < 8; k++) {
+                memo_t *m = &memo[(h + k) % MEMO_SLOTS];
+                if (m->loc == NULL) {
+                    loc = resolve(locs, new_loc, fr, &invalid);
+                    if (loc == NULL) {
+                        Py_DECREF(stack);
+                        goto done;
+                    }
+                    m->code = fr->code;
+                    m->lasti = fr->lasti;
+                    m->check = fr->check;
+                    m->loc = Py_NewRef(loc);
+                    break;
+                }
+                if (m->code == fr->code && m->lasti == fr->lasti && m->check == fr->check) {
+                    loc = Py_NewRef(m->loc);
+                    break;
+                }
+            }
+            if (loc == NULL) {   /* memo neighbourhood full */
+                loc = resolve(locs, new_loc, fr, &invalid);
+                if (loc == NULL) {
+                    Py_DECREF(stack);
+                    goto done;
+                }
+            }
+            if (loc == Py_None) {
+                Py_DECREF(loc);
+                ok = 0;
+                break;
+            }
+            PyTuple_SET_ITEM(stack, j, loc);
+        }
+        if (!ok) {
+            Py_DECREF(stack);   /* partly filled: tuple_dealloc skips the NULLs */
+            dropped++;
+            continue;
+        }
+        PyObject *k = Py_BuildValue("(kiN)", s->ident, (int)s->state, stack);
+        if (k == NULL) {
+            goto done;
+        }
+        PyObject *old = PyDict_GetItemWithError(raw, k);
+        if (old == NULL && PyErr_Occurred()) {
+            Py_DECREF(k);
+            goto done;
+        }
+        long n = old == NULL ? 0 : PyLong_AsLong(old);
+        PyObject *nv = PyLong_FromLong(n + 1);
+        int rc = nv == NULL ? -1 : PyDict_SetItem(raw, k, nv);
+        Py_XDECREF(nv);
+        Py_DECREF(k);
+        if (rc < 0) {
+            goto done;
+        }
+    }
+    result = PyLong_FromUnsignedLongLong(instants);
+done:
+    if (memo != NULL) {
+        for (size_t i = 0; i < MEMO_SLOTS; i++) {
+            Py_XDECREF(memo[i].loc);
+        }
+        PyMem_Free(memo);
+    }
+    PyMem_RawFree(ss);
+    PyMem_RawFree(ff);
+    __atomic_fetch_add(&drain_invalid, invalid, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&drain_dropped, dropped, __ATOMIC_RELAXED);
+    return result;
+}
+
+PyDoc_STRVAR(stats_doc,
+"stats() -> dict\n\n"
+"Counters since import: ticks (sampling instants), thread_samples, frames,\n"
+"torn (walks whose top frame changed under them), bad (failed checks),\n"
+"overflow (dropped oldest from the ring), truncated, unread, invalid and\n"
+"dropped (frames / samples the drain refused), queued (thread samples in\n"
+"the ring now), queued_ticks (instants they span), late_s and cost_s (moving\n"
+"averages of the thread's wake-up lateness and CPU per sample),\n"
+"states (thread samples per raw state), sampler_cpu_s (the sampler thread's\n"
+"CPU time, this run), tick_s (wall time inside ticks), running.");
+
+static PyObject *
+native_stats(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    double cpu_s;
+    if (S->running) {
+        clockid_t cid;
+        struct timespec ts;
+        if (pthread_getcpuclockid(S->thread, &cid) == 0 && clock_gettime(cid, &ts) == 0) {
+            cpu_s = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+        }
+        else {
+            cpu_s = (double)__atomic_load_n(&S->cpu_ns, __ATOMIC_RELAXED) * 1e-9;
+        }
+    }
+    else {
+        cpu_s = (double)__atomic_load_n(&S->exit_cpu_ns, __ATOMIC_RELAXED) * 1e-9;
+    }
+    pthread_mutex_lock(&ring->mu);
+    uint64_t queued = ring->s_head - ring->s_tail;
+    uint64_t queued_ticks = 0;
+    if (queued) {
+        queued_ticks = ring->samples[(ring->s_head - 1) % RING_SAMPLES].tick
+                       - ring->samples[ring->s_tail % RING_SAMPLES].tick + 1;
+    }
+    pthread_mutex_unlock(&ring->mu);
+    pthread_mutex_lock(&S->mu);
+    double late_s = S->late_s, cost_s = S->cost_s;
+    pthread_mutex_unlock(&S->mu);
+    PyObject *states = PyTuple_New(NST_COUNT);
+    if (states == NULL) {
+        return NULL;
+    }
+    for (int i = 0; i < NST_COUNT; i++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(__atomic_load_n(&S->states[i], __ATOMIC_RELAXED));
+        if (v == NULL) {
+            Py_DECREF(states);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(states, i, v);
+    }
+#define LD(x) (unsigned long long)__atomic_load_n(&(x), __ATOMIC_RELAXED)
+    return Py_BuildValue(
+        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsNsdsdsdsdsi}",
+        "ticks", LD(S->ticks), "thread_samples", LD(S->thread_samples), "frames", LD(S->frames),
+        "torn", LD(S->torn), "bad", LD(S->bad), "overflow", LD(S->overflow),
+        "truncated", LD(S->truncated), "unread", LD(S->unread),
+        "invalid", LD(drain_invalid), "dropped", LD(drain_dropped),
+        "drawn", LD(S->drawn), "lost", LD(S->lost), "queued", (unsigned long long)queued, "queued_ticks", (unsigned long long)queued_ticks,
+        "states", states, "sampler_cpu_s", cpu_s, "tick_s", (double)LD(S->tick_ns) * 1e-9,
+        "late_s", late_s, "cost_s", cost_s, "running", S->running);
+#undef LD
+}
+
+/* ------------------------------------------------------------------------
+ * Import-time self-check: refuse to load rather than read with a wrong
+ * layout or without a safe reader.
+ * ------------------------------------------------------------------------ */
+
+static int
+check_error(const char *what)
+{
+    PyErr_Format(PyExc_ImportError, "agent._native: self-check failed (%s); built for CPython "
+                 PY_VERSION ", running %s", what, Py_GetVersion());
+    return -1;
+}
+
+static int
+self_check(void)
+{
+    if ((Py_Version >> 16) != ((unsigned long)PY_VERSION_HEX >> 16)) {
+        return check_error("version");
+    }
+#if PY_VERSION_HEX >= 0x030D0000
+    const _Py_DebugOffsets *d = &_PyRuntime.debug_offsets;
+    if (memcmp(d->cookie, _Py_Debug_Cookie, sizeof(d->cookie)) != 0 ||
+        (d->version >> 16) != ((uint64_t)PY_VERSION_HEX >> 16) ||
+        d->free_threaded != 0 ||
+        d->thread_state.current_frame != offsetof(PyThreadState, current_frame) ||
+        d->thread_state.thread_id != offsetof(PyThreadState, thread_id) ||
+        d->thread_state.native_thread_id != offsetof(PyThreadState, native_thread_id) ||
+        d->thread_state.interp != offsetof(PyThreadState, interp) ||
+        d->thread_state.next != offsetof(PyThreadState, next) ||
+        d->interpreter_state.threads_head != offsetof(PyInterpreterState, threads.head) ||
+        d->interpreter_frame.previous != offsetof(_PyInterpreterFrame, previous) ||
+        d->interpreter_frame.executable != offsetof(_PyInterpreterFrame, f_executable) ||
+        d->interpreter_frame.instr_ptr != offsetof(_PyInterpreterFrame, instr_ptr) ||
+        d->interpreter_frame.owner != offsetof(_PyInterpreterFrame, owner) ||
+        d->code_object.co_code_adaptive != offsetof(PyCodeObject, co_code_adaptive) ||
+        d->code_object.filename != offsetof(PyCodeObject, co_filename) ||
+        d->code_object.name != offsetof(PyCodeObject, co_name) ||
+        d->code_object.firstlineno != offsetof(PyCodeObject, co_firstlineno))
+    {
+        return check_error("debug offsets");
+    }
+#endif
+    self_pid = getpid();
+    volatile uint64_t probe = 0x5A5A1234ABCD0001ULL;
+    uint64_t copy = 0;
+    if (safe_read(&copy, (uintptr_t)&probe, sizeof(copy)) < 0 || copy != probe) {
+        char what[96];
+        snprintf(what, sizeof(what), "process_vm_readv on our own pid: %s", strerror(errno));
+        return check_error(what);
+    }
+    PyThreadState *tstate = PyThreadState_Get();
+    if (tstate->thread_id != PyThread_get_thread_ident()) {
+        return check_error("thread id");
+    }
+#ifdef PY_HAVE_THREAD_NATIVE_ID
+    if (tstate->native_thread_id != PyThread_get_thread_native_id()) {
+        return check_error("native thread id");
+    }
+#endif
+    uintptr_t head;
+    if (safe_read_ptr(&head, (uintptr_t)tstate->interp + offsetof(PyInterpreterState, threads.head)) < 0
+        || head == 0) {
+        return check_error("thread list");
+    }
+    if (gil_holder_of(tstate->interp) != (uintptr_t)tstate) {
+        return check_error("gil holder");
+    }
+    uintptr_t top;
+    if (top_frame(tstate, &top) < 0) {
+        return check_error("top frame");
+    }
+    PyFrameObject *fo = PyEval_GetFrame();   /* borrowed */
+    if (fo == NULL) {
+        return 0;
+    }
+    frame_rec recs[8];
+    int truncated;
+    /* walk() uses the sampler's buffers: a second import (another
+     * interpreter) must not share them with a running sampler. */
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&S->tick_mu);
+    Py_END_ALLOW_THREADS
+    region_lo = region_hi = 0;
+    code_tick = 0;
+    int depth = walk(top, recs, 8, &truncated);
+    pthread_mutex_unlock(&S->tick_mu);
+    if (depth < 0) {
+        return check_error("walk");
+    }
+    Py_INCREF(fo);
+    int i = 0;
+    while (fo != NULL && i < 8) {
+        PyCodeObject *code = PyFrame_GetCode(fo);
+        int ok = i < depth && (uintptr_t)code == recs[i].code
+                 && PyFrame_GetLasti(fo) == (recs[i].lasti < 0 ? -1 : recs[i].lasti * 2);
+        Py_DECREF(code);
+        if (!ok) {
+            Py_DECREF(fo);
+            return check_error("frame chain");
+        }
+        PyFrameObject *back = PyFrame_GetBack(fo);
+        Py_DECREF(fo);
+        fo = back;
+        i++;
+    }
+    if (fo != NULL) {
+        Py_DECREF(fo);
+    }
+    else if (i < depth) {
+        return check_error("frame chain end");
+    }
+    return 0;
+}
+
+static PyMethodDef native_methods[] = {
+    {"start", (PyCFunction)(void (*)(void))native_start, METH_FASTCALL, start_doc},
+    {"set", (PyCFunction)(void (*)(void))native_set, METH_FASTCALL, set_doc},
+    {"stop", (PyCFunction)native_stop, METH_NOARGS, stop_doc},
+    {"sample_once", (PyCFunction)native_sample_once, METH_O, sample_once_doc},
+    {"drain", (PyCFunction)(void (*)(void))native_drain, METH_FASTCALL, drain_doc},
+    {"stats", (PyCFunction)native_stats, METH_NOARGS, stats_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef native_module = {
+    PyModuleDef_HEAD_INIT,
+    "dyper.agent._native",
+    "dyper's native sampler: stacks read without the GIL (see agent/_native.c).",
+    -1,
+    native_methods,
+};
+
+PyMODINIT_FUNC
+PyInit__native(void)
+{
+    if (S == NULL) {
+        S = PyMem_RawCalloc(1, sizeof(sampler_t));
+        ring = PyMem_RawCalloc(1, sizeof(ring_t));
+        if (S == NULL || ring == NULL) {
+            PyMem_RawFree(S);
+            PyMem_RawFree(ring);
+            S = NULL;
+            ring = NULL;
+            return PyErr_NoMemory();
+        }
+        S->wake_fd = -1;
+        pthread_mutex_init(&S->mu, NULL);
+        pthread_mutex_init(&S->tick_mu, NULL);
+        pthread_mutex_init(&ring->mu, NULL);
+        pthread_atfork(NULL, NULL, after_fork_child);
+    }
+    if (self_check() < 0) {
+        return NULL;
+    }
+    PyObject *m = PyModule_Create(&native_module);
+    if (m == NULL) {
+        return NULL;
+    }
+    static const char *names[NST_COUNT] = {"gil", "nogil", "runq", "sleep", "sleep_gil", "unknown"};
+    PyObject *st = PyTuple_New(NST_COUNT);
+    if (st == NULL) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    for (int i = 0; i < NST_COUNT; i++) {
+        PyTuple_SET_ITEM(st, i, PyUnicode_FromString(names[i]));
+    }
+    if (PyModule_AddObject(m, "STATES", st) < 0
+        || PyModule_AddIntConstant(m, "MAX_DEPTH", MAX_DEPTH) < 0
+        || PyModule_AddIntConstant(m, "RING_SAMPLES", RING_SAMPLES) < 0) {
+        Py_DECREF(st);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
