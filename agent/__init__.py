@@ -160,6 +160,7 @@ def start(
     monitor_key: str | None = None,
     key: str | None = None,
     triggers: tuple[Any, ...] | list[Any] | None = None,
+    monitor_pid: int | None = None,
 ) -> str:
     """Start the agent and return its id; if it already runs, apply the budget.
 
@@ -177,6 +178,10 @@ def start(
     ``triggers`` (text such as ``"cpu > 80% for 10s"``, or dicts as
     ``TriggerSpec.to_json`` makes them) default to ``$DYPER_TRIGGERS``, a JSON
     list of either; see :mod:`agent.triggers`. A bad one raises ValueError here.
+    ``monitor_pid`` (default ``$DYPER_MONITOR_PID``, which ``dyper run`` sets)
+    says the monitor is run-scoped, living in that process: when it ends, the
+    agent detaches (:mod:`agent.lifeline`). Without it, the agent keeps
+    reconnecting to a monitor that went away, as to a standing one.
     Thread-safe and idempotent.
     """
     from dyper.agent.protocol import parse_budget
@@ -191,7 +196,11 @@ def start(
     if ceiling is None:
         ceiling = os.environ.get("DYPER_CEILING") or None
     cap = parse_budget(ceiling) if ceiling is not None else None
-    return _start(endpoint, fraction, cap, attach_token, proflets, curve, _trigger_specs(triggers))
+    if monitor_pid is None:
+        from dyper.agent.lifeline import monitor_pid_from_env
+
+        monitor_pid = monitor_pid_from_env()
+    return _start(endpoint, fraction, cap, attach_token, proflets, curve, _trigger_specs(triggers), monitor_pid)
 
 
 def _trigger_specs(triggers: tuple[Any, ...] | list[Any] | None) -> tuple[Any, ...]:
@@ -229,6 +238,7 @@ def _start(
     proflets: tuple[Any, ...] | None,
     curve: CurveKeys | None,
     triggers: tuple[Any, ...] = (),
+    monitor_pid: int | None = None,
 ) -> str:
     global _agent
     with _lock:
@@ -247,6 +257,8 @@ def _start(
             kwargs["proflets"] = tuple(proflets)
         if triggers:
             kwargs["triggers"] = triggers
+        if monitor_pid is not None:
+            kwargs["monitor_pid"] = monitor_pid
         new = Agent(endpoint, fraction, attach_token=attach_token, ceiling=cap, curve=curve, on_exit=_on_exit, **kwargs)
         _agent = new
         _install_fork_handler()
@@ -473,9 +485,11 @@ def _after_fork_in_child() -> None:
         for fd in (parent._wake_r, parent._wake_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
+        if parent._lifeline is not None:
+            parent._lifeline.close()
         with contextlib.suppress(Exception):  # never break the child over profiling
             # The parent's keys, not the files again: a worker may have dropped
             # the privileges that could read them.
             # The configured triggers; predicates added from inside are for the child's code to add again.
             kept = tuple(st.spec for st in parent.triggers.states if st.predicate is None) if parent.triggers else ()
-            _start(parent.endpoint, parent.budget, parent.ceiling, None, None, parent.curve, kept)
+            _start(parent.endpoint, parent.budget, parent.ceiling, None, None, parent.curve, kept, parent.monitor_pid)

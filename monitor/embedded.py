@@ -36,6 +36,9 @@ REFRESH_S = 1.0
 
 class Target(Protocol):
     pid: int
+    #: the command is about the agent, not the process: once its agent is gone (``dyper detach PID``
+    #: from outside), there is nothing left to show (dyper attach), where dyper run waits for its program
+    ends_with_agent: bool
 
     def done(self) -> bool: ...
 
@@ -90,6 +93,8 @@ async def profile_target(
         target = await start(endpoint)
         began = time.monotonic()
         reason = await _watch(monitor, target, options, console, interrupted, began)
+        if reason == "detached":
+            console.print(f"dyper: the agent in process {target.pid} was detached from outside (dyper detach); ending")
         await target.finish(monitor, reason)
         await _await_final_reports(monitor, target.pid)
         session = _session(monitor, target.pid)
@@ -118,6 +123,7 @@ async def _watch(
     began: float,
 ) -> str:
     """Show the live view until the target ends, the duration passes or Ctrl-C."""
+    heard = False
     live = None
     if options.live and console.is_terminal:
         from rich.live import Live
@@ -137,6 +143,12 @@ async def _watch(
                 return "interrupted"
             if options.duration is not None and time.monotonic() - began >= options.duration:
                 return "duration"
+            if target.ends_with_agent:
+                session = monitor.session_for(target.pid)
+                # Once it said hello: the monitor marks it disconnected on its bye (or when the process is gone).
+                heard = heard or (session is not None and session.connected)
+                if heard and session is not None and not session.connected:
+                    return "detached"
             if live is not None:
                 view = live_view(monitor, target.pid, options)
                 if view is not None:

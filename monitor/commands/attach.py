@@ -68,6 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 class AttachedProcess:
+    ends_with_agent = True
+
     def __init__(self, pid: int, children: tuple[int, ...] = ()) -> None:
         self.pid = pid
         self.children = children
@@ -76,7 +78,11 @@ class AttachedProcess:
         return not os.path.exists(f"/proc/{self.pid}")
 
     async def finish(self, monitor: Monitor | None, reason: str) -> None:
-        await asyncio.gather(*(self._detach(pid, monitor) for pid in (self.pid, *self.children)))
+        if reason == "detached":
+            pids: tuple[int, ...] = self.children  # the main agent is gone already: no debugger needed for it
+        else:
+            pids = (self.pid, *self.children)
+        await asyncio.gather(*(self._detach(pid, monitor) for pid in pids))
 
     @staticmethod
     async def _detach(pid: int, monitor: Monitor | None) -> None:
@@ -102,14 +108,33 @@ def child_pids(pid: int) -> list[int]:
     return [c.pid for c in sorted(children, key=lambda c: c.pid)]
 
 
+def _our_pid_for(pid: int) -> int | None:
+    """This process's id as ``pid`` sees it, for the agent's tie to our monitor (agent.lifeline).
+
+    None when ``pid`` is in another pid namespace (a container): there our
+    number names another process, or none. Its agent then outlives a
+    ``dyper attach`` killed with SIGKILL, as a standing monitor's would.
+    """
+    try:
+        same = os.stat("/proc/self/ns/pid").st_ino == os.stat(f"/proc/{pid}/ns/pid").st_ino
+    except OSError:
+        return None
+    return os.getpid() if same else None
+
+
 def attach_all(
     pids: list[int],
     endpoint: str,
     args: argparse.Namespace,
     console: Console,
     keys: tuple[str | None, str | None] = (None, None),
+    *,
+    scoped: bool = False,
 ) -> tuple[list[Attached], list[str]]:
-    """Attach to each of ``pids`` at once (each attach waits on its own debugger); the errors, one per pid."""
+    """Attach to each of ``pids`` at once (each attach waits on its own debugger); the errors, one per pid.
+
+    ``scoped``: the monitor is this process's own (run-scoped), the agents leave when it ends.
+    """
     from concurrent.futures import ThreadPoolExecutor
 
     def one(pid: int) -> Attached | str:
@@ -123,6 +148,7 @@ def attach_all(
                 monitor_key=keys[0],
                 key=keys[1],
                 triggers=trigger_specs(args),
+                monitor_pid=_our_pid_for(pid) if scoped else None,
             )
         except AttachError as exc:
             return f"child {pid}: {exc}"
@@ -152,12 +178,15 @@ def run(args: argparse.Namespace, *, beside: Any = None) -> int:
                 ceiling=args.ceiling,
                 proflets=_proflets(args),
                 triggers=trigger_specs(args),
+                monitor_pid=_our_pid_for(args.pid),
             )
         except AttachError as exc:
             raise CliError(str(exc)) from None
         if not args.children:
             return AttachedProcess(args.pid)
-        attached, errors = await asyncio.to_thread(attach_all, child_pids(args.pid), endpoint, args, console)
+        attached, errors = await asyncio.to_thread(
+            attach_all, child_pids(args.pid), endpoint, args, console, scoped=True
+        )
         _say_children(console, args.pid, attached, errors)
         return AttachedProcess(args.pid, tuple(a.pid for a in attached))
 

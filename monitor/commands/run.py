@@ -9,12 +9,20 @@ program is then stopped) or Ctrl-C. With --monitor the agent streams to that
 standing monitor instead; one off loopback takes CURVE keys (`dyper keys`):
 --monitor-key, the monitor's public certificate, and --key, the agent's secret
 one (default $DYPER_MONITOR_KEY and $DYPER_KEY).
+
+SIGHUP sent to dyper run is passed on to the program; SIGTERM and Ctrl-C
+stop the program (after a moment to exit by itself) and show the summary.
+If dyper run itself is killed (SIGKILL, the OOM killer) the program keeps
+running, as it would without dyper, and its agent detaches within a second
+or so: it never streams on to a monitor that is gone. With --monitor the
+agent stays with the standing monitor as long as the program runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -60,6 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 class Child:
     """The program we started."""
+
+    ends_with_agent = False
 
     def __init__(self, proc: asyncio.subprocess.Process, log: Path | None) -> None:
         self.proc = proc
@@ -145,7 +155,11 @@ def child_env(
     key: str | None = None,
     ceiling: float | None = None,
     triggers: list[dict[str, Any]] | None = None,
+    monitor_pid: int | None = None,
 ) -> dict[str, str]:
+    """The program's environment: what the agent's autostart reads (``monitor_pid``: a run-scoped monitor's)."""
+    from dyper.agent.lifeline import ENV as MONITOR_PID
+
     env = dict(os.environ)
     env["DYPER_MONITOR"] = endpoint
     env["DYPER_BUDGET"] = repr(budget)
@@ -163,6 +177,10 @@ def child_env(
     env["PYTHONPATH"] = os.pathsep.join(p for p in (AUTOSTART_DIR, env.get("PYTHONPATH", "")) if p)
     if errfile:
         env["DYPER_ERRFILE"] = errfile
+    # Ours only: an outer dyper run's tie must not make this agent leave with that one.
+    env.pop(MONITOR_PID, None)
+    if monitor_pid is not None:
+        env[MONITOR_PID] = str(monitor_pid)
     return env
 
 
@@ -194,13 +212,22 @@ def run(args: argparse.Namespace) -> int:
         try:
             proc = await asyncio.create_subprocess_exec(
                 *command,
-                env=child_env(endpoint, args.budget, errfile, ceiling=args.ceiling, triggers=trigger_specs(args)),
+                env=child_env(
+                    endpoint,
+                    args.budget,
+                    errfile,
+                    ceiling=args.ceiling,
+                    triggers=trigger_specs(args),
+                    monitor_pid=os.getpid(),
+                ),
                 stdout=out,
                 stderr=out,
             )
         finally:
             if out is not None:
                 out.close()
+        # The loop's handlers go with the loop when asyncio.run ends.
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, _pass_on, proc.pid, signal.SIGHUP)
         return Child(proc, log)
 
     options = Options(args.duration, args.output, args.metric, args.libraries, live, args.window)
@@ -227,6 +254,12 @@ def run(args: argparse.Namespace) -> int:
     return 0 if code is None or code < 0 else code
 
 
+def _pass_on(pid: int, sig: int) -> None:
+    """Send ``sig`` to the program (a reload request, a hang-up): it is the program's to act on, not ours."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
 def _run_with_standing_monitor(
     args: argparse.Namespace,
     command: list[str],
@@ -246,6 +279,7 @@ def _run_with_standing_monitor(
             triggers=trigger_specs(args),
         )
         proc = subprocess.Popen(command, env=env)
+        signal.signal(signal.SIGHUP, lambda _sig, _frame: _pass_on(proc.pid, signal.SIGHUP))
         try:
             proc.wait(timeout=args.duration)
         except subprocess.TimeoutExpired:

@@ -1,0 +1,131 @@
+"""How dyper run, attach and top begin and end: killed, detached from outside, stopped, given no Python."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.integration.conftest import REPO, TARGETS, wait_for
+
+SAMPLER = "dyper-sampler"
+
+
+def thread_names(pid: int) -> list[str]:
+    names = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return []
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:
+            pass
+    return names
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def cli(*args: str, **kwargs: object) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "dyper", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        **kwargs,  # type: ignore[call-overload]
+    )
+
+
+def test_run_killed_leaves_no_agent_behind(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    run = cli("run", "-q", "--", sys.executable, str(TARGETS / "forever.py"), str(pidfile))
+    target = 0
+    try:
+        target = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 30, what="the target"))
+        wait_for(lambda: SAMPLER in thread_names(target), 30, what="the agent's thread in the target")
+        run.kill()
+        run.wait(10)
+        # A regression leaves the thread for good (the agent reconnects forever); the
+        # pidfd fires at once, so 15 s is a loaded machine's margin, not a guess.
+        wait_for(lambda: SAMPLER not in thread_names(target), 15, what="the agent to detach")
+        assert alive(target), "the program ends only when it wants to: dyper run's death is not its death"
+    finally:
+        if run.poll() is None:
+            run.kill()
+        if target and alive(target):
+            os.kill(target, signal.SIGKILL)
+        run.communicate(timeout=10)
+
+
+def test_run_passes_sighup_on(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    run = cli("run", "-q", "--", sys.executable, str(TARGETS / "forever.py"), str(pidfile))
+    try:
+        wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 30, what="the target")
+        time.sleep(0.5)
+        run.send_signal(signal.SIGHUP)
+        # forever.py does not handle SIGHUP: it ends, and dyper run with it, as after any exit
+        out, err = run.communicate(timeout=30)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate(timeout=10)
+    assert run.returncode == 0, (out, err)  # the program's own end (killed by a signal: 0, as documented)
+
+
+def start_forever(tmp_path: Path) -> subprocess.Popen[bytes]:
+    pidfile = tmp_path / "forever.pid"
+    proc = subprocess.Popen([sys.executable, str(TARGETS / "forever.py"), str(pidfile)])
+    wait_for(pidfile.exists, 30, what="the target to start")
+    return proc
+
+
+def test_attach_ends_when_detached_from_outside(tmp_path: Path) -> None:
+    target = start_forever(tmp_path)
+    attach = cli("attach", str(target.pid), "-q")
+    try:
+        wait_for(lambda: SAMPLER in thread_names(target.pid), 60, what="the agent's thread in the target")
+        time.sleep(1.5)  # its hello reached the CLI's monitor (the first report goes within a second)
+        detach = subprocess.run(
+            [sys.executable, "-m", "dyper", "detach", str(target.pid)], capture_output=True, text=True, cwd=REPO
+        )
+        assert detach.returncode == 0, detach.stderr
+        # A regression waits for the process to end (here: never) or Ctrl-C.
+        out, err = attach.communicate(timeout=30)
+    finally:
+        if attach.poll() is None:
+            attach.kill()
+            attach.communicate(timeout=10)
+        target.kill()
+        target.wait(10)
+    assert attach.returncode == 0, (out, err)
+    assert f"the agent in process {target.pid} was detached from outside" in out, (out, err)
+
+
+def test_attach_killed_leaves_no_agent_behind(tmp_path: Path) -> None:
+    target = start_forever(tmp_path)
+    attach = cli("attach", str(target.pid), "-q")
+    try:
+        wait_for(lambda: SAMPLER in thread_names(target.pid), 60, what="the agent's thread in the target")
+        attach.kill()
+        attach.wait(10)
+        wait_for(lambda: SAMPLER not in thread_names(target.pid), 15, what="the agent to detach")
+        assert target.poll() is None
+    finally:
+        if attach.poll() is None:
+            attach.kill()
+        attach.communicate(timeout=10)
+        target.kill()
+        target.wait(10)
