@@ -129,3 +129,27 @@ def test_attach_killed_leaves_no_agent_behind(tmp_path: Path) -> None:
         attach.communicate(timeout=10)
         target.kill()
         target.wait(10)
+
+
+def test_top_writes_its_frame_when_terminated(standing_monitor, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    env = {**os.environ, "DYPER_MONITOR": standing_monitor.endpoint, "DYPER_BUDGET": "5%"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "monitor" / "autostart"), env.get("PYTHONPATH")) if p)
+    pidfile = tmp_path / "pid"
+    target = subprocess.Popen([sys.executable, str(TARGETS / "forever.py"), str(pidfile)], env=env)
+    top = None
+    try:
+        wait_for(
+            lambda: (s := standing_monitor.session(target.pid)) and s["samples"] > 20, 30, what="the target's samples"
+        )
+        top = cli("top", str(target.pid), "--monitor", standing_monitor.endpoint)  # stdout is a pipe: no terminal
+        time.sleep(3)  # its first frame is made at once; a regression prints nothing at all
+        top.send_signal(signal.SIGTERM)
+        out, err = top.communicate(timeout=20)
+    finally:
+        if top is not None and top.poll() is None:
+            top.kill()
+            top.communicate(timeout=10)
+        target.kill()
+        target.wait(10)
+    assert top.returncode == 0, (out, err)
+    assert "spin" in out, (out, err)
