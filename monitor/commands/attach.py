@@ -77,6 +77,9 @@ class AttachedProcess:
     def done(self) -> bool:
         return not os.path.exists(f"/proc/{self.pid}")
 
+    def not_python(self) -> bool:
+        return False  # attach checked that it is a CPython before it went in
+
     async def finish(self, monitor: Monitor | None, reason: str) -> None:
         if reason == "detached":
             pids: tuple[int, ...] = self.children  # the main agent is gone already: no debugger needed for it

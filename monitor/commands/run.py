@@ -24,12 +24,14 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -66,18 +68,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("program", metavar="command", nargs=argparse.REMAINDER, help="the program to run, after --")
 
 
+#: How often a program not yet known to be Python has its process tree looked at.
+LOOK_EVERY_S = 0.5
+
+
 class Child:
     """The program we started."""
 
     ends_with_agent = False
 
-    def __init__(self, proc: asyncio.subprocess.Process, log: Path | None) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, log: Path | None, python: bool = False) -> None:
         self.proc = proc
         self.pid = proc.pid
         self.log = log
+        #: a Python process was seen in it (the command itself, or one it started)
+        self.python = python
+        self._looked = -math.inf
 
     def done(self) -> bool:
+        if not self.python and time.monotonic() - self._looked >= LOOK_EVERY_S:
+            self._looked = time.monotonic()
+            self.python = any(is_python(pid) for pid in (self.pid, *_descendants(self.pid)))
         return self.proc.returncode is not None
+
+    def not_python(self) -> bool:
+        return not self.python
 
     async def finish(self, monitor: Monitor | None, reason: str) -> None:
         if self.done():
@@ -96,6 +111,46 @@ class Child:
                 return
             except TimeoutError:
                 continue
+
+
+def is_python(pid: int) -> bool:
+    """Whether process ``pid`` runs a Python interpreter (python, pypy, or a program embedding libpython: uwsgi)."""
+    try:
+        name = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+    except OSError:
+        return False
+    if "python" in name or "pypy" in name:
+        return True
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            return b"libpython" in f.read()
+    except OSError:
+        return False
+
+
+def _descendants(pid: int) -> list[int]:
+    import psutil
+
+    try:
+        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def runs_python(path: str) -> bool:
+    """Whether the file ``path`` (a resolved command) is surely Python: an interpreter, or a script run by one.
+
+    False means "not known": a shell script or a wrapper (``uv run``, ``timeout``) may start Python later.
+    """
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return False
+    if head.startswith(b"#!"):
+        return b"python" in head.split(b"\n", 1)[0]
+    name = os.path.basename(os.path.realpath(path))
+    return head.startswith(b"\x7fELF") and ("python" in name or "pypy" in name)
 
 
 def add_session_arguments(parser: argparse.ArgumentParser) -> None:
@@ -228,7 +283,7 @@ def run(args: argparse.Namespace) -> int:
                 out.close()
         # The loop's handlers go with the loop when asyncio.run ends.
         asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, _pass_on, proc.pid, signal.SIGHUP)
-        return Child(proc, log)
+        return Child(proc, log, python=runs_python(shutil.which(command[0]) or command[0]))
 
     options = Options(args.duration, args.output, args.metric, args.libraries, live, args.window)
     try:
@@ -244,6 +299,14 @@ def run(args: argparse.Namespace) -> int:
     errors = Path(errfile).read_text() if os.path.exists(errfile) else ""
     if errors:
         sys.stderr.write(errors)
+    if profile is None and child.not_python():
+        if log is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+        raise CliError(
+            f"{command[0]} is not a Python program: no Python process started under it "
+            "(dyper run profiles Python programs)",
+            code=2,
+        )
     try:
         finish_output(profile, options, console, child.pid)
     except RuntimeError as exc:

@@ -153,3 +153,49 @@ def test_top_writes_its_frame_when_terminated(standing_monitor, tmp_path: Path) 
         target.wait(10)
     assert top.returncode == 0, (out, err)
     assert "spin" in out, (out, err)
+
+
+def test_run_says_a_program_is_not_python() -> None:
+    began = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "dyper", "run", "--", "/bin/echo", "hi"], capture_output=True, text=True, cwd=REPO
+    )
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "/bin/echo is not a Python program" in lines[0], proc.stderr
+    assert "hi" in proc.stdout  # the program ran, its output is its own
+    assert "no samples" not in proc.stdout + proc.stderr
+    # no wait for the agent's last report that cannot come (FINAL_REPORT_WAIT_S): a regression takes 3 s more
+    assert time.monotonic() - began < 2.5 + startup_s()
+
+
+def startup_s() -> float:
+    """What starting the CLI takes on this machine now (imports), so that a bound above is about dyper, not load."""
+    began = time.monotonic()
+    subprocess.run([sys.executable, "-m", "dyper", "run", "-h"], capture_output=True, cwd=REPO, check=True)
+    return time.monotonic() - began
+
+
+def test_run_says_a_command_is_missing() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "dyper", "run", "--", "no-such-command-here"], capture_output=True, text=True, cwd=REPO
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == ["dyper run: error: no-such-command-here: command not found"], (
+        proc.stderr
+    )
+
+
+def test_run_notes_when_no_python_comes() -> None:
+    run = cli("run", "--", "sleep", "30")
+    try:
+        time.sleep(7)  # NOT_PYTHON_NOTE_S and a margin; the note goes out once, at once
+        run.send_signal(signal.SIGINT)
+        out, err = run.communicate(timeout=30)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate(timeout=10)
+    assert "no Python process has started under the program" in out, (out, err)
+    assert run.returncode == 2, (out, err)
+    assert "sleep is not a Python program" in err
