@@ -330,12 +330,21 @@ class _Burst:
 def _load_collectors(names: tuple[str | Collector, ...] | None, off: dict[str, str]) -> dict[str, Collector]:
     """Build the collectors of ``names`` (None: every registered proflet).
 
+    ``names`` may hold the entries ``--proflets`` takes (``all``, ``-heap``,
+    ``+io``: :func:`proflets.select`); every proflet chosen so is named, so
+    those that run only when named (memory_stacks on 3.11) obey ``all``.
     A proflet that cannot be loaded goes into ``off`` with the reason; the
     others still run.
     """
     from dyper import proflets  # lazy: the registry reads distribution metadata
 
     explicit = names is not None
+    if names is not None:
+        given = tuple(n for n in names if isinstance(n, Collector))
+        names = (
+            *proflets.select((n for n in names if isinstance(n, str)), DEFAULT_PROFLETS, proflets.available),
+            *given,
+        )
     available = proflets.available(None if names is None else [n for n in names if isinstance(n, str)])
     wanted: tuple[str | Collector, ...] = tuple(available) if names is None else names
     collectors: dict[str, Collector] = {}

@@ -7,7 +7,10 @@
 
 Without --monitor the CLI hosts the monitor, shows the live view and, when
 --duration passes, the process exits or you press Ctrl-C, detaches cleanly
-and writes -o. With --monitor the agent streams to that standing monitor and
+and writes -o; a `dyper detach PID` from elsewhere ends it too (it says so).
+If dyper attach itself is killed, the agent notices its monitor is gone and
+detaches (not into another pid namespace: there it stays until `dyper
+detach PID`). With --monitor the agent streams to that standing monitor and
 stays until `dyper detach PID`.
 """
 
@@ -24,7 +27,9 @@ from rich.console import Console
 from dyper.monitor.attach import Attached, AttachError, attach
 from dyper.monitor.commands import (
     CliError,
+    add_proflets_argument,
     budget_arg,
+    chosen_proflets,
     duration_arg,
     pid_arg,
     standing_monitor,
@@ -40,22 +45,11 @@ if TYPE_CHECKING:
 NAME = "attach"
 
 
-def _proflets(args: argparse.Namespace) -> tuple[str, ...] | None:
-    if args.proflets is None:
-        return None
-    return tuple(p for p in str(args.proflets).replace(" ", "").split(",") if p)
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("pid", type=pid_arg, help="process id of a running CPython 3.11+ process")
     parser.add_argument("--budget", type=budget_arg, default=0.01, help="overhead budget, e.g. 1%% (default 1%%)")
     parser.add_argument("--ceiling", type=budget_arg, help="no later budget change may exceed this")
-    parser.add_argument(
-        "--proflets",
-        metavar="LIST",
-        default=os.environ.get("DYPER_PROFLETS"),
-        help="proflets to run, e.g. cpu,threads,timing or all (default $DYPER_PROFLETS, else the agent's default)",
-    )
+    add_proflets_argument(parser)
     parser.add_argument(
         "--children",
         action="store_true",
@@ -147,7 +141,7 @@ def attach_all(
                 endpoint,
                 args.budget,
                 ceiling=args.ceiling,
-                proflets=_proflets(args),
+                proflets=chosen_proflets(args),
                 monitor_key=keys[0],
                 key=keys[1],
                 triggers=trigger_specs(args),
@@ -167,6 +161,7 @@ def run(args: argparse.Namespace, *, beside: Any = None) -> int:
     """``beside``: see :func:`monitor.embedded.profile_target` (the demo's dashboard)."""
     keys = key_options(args)
     trigger_specs(args)  # a trigger it cannot read is an error before anything is attached
+    chosen_proflets(args)  # so is a bad $DYPER_PROFLETS
     console = Console()
     if args.monitor:
         return _attach_to_standing(args, console, keys)
@@ -179,7 +174,7 @@ def run(args: argparse.Namespace, *, beside: Any = None) -> int:
                 endpoint,
                 args.budget,
                 ceiling=args.ceiling,
-                proflets=_proflets(args),
+                proflets=chosen_proflets(args),
                 triggers=trigger_specs(args),
                 monitor_pid=_our_pid_for(args.pid),
             )
@@ -225,7 +220,7 @@ def _attach_to_standing(
                 args.monitor,
                 args.budget,
                 ceiling=args.ceiling,
-                proflets=_proflets(args),
+                proflets=chosen_proflets(args),
                 monitor_key=monitor_key,
                 key=key,
                 triggers=trigger_specs(args),

@@ -40,8 +40,10 @@ from rich.console import Console
 from dyper.monitor.commands import (
     CliError,
     add_output_arguments,
+    add_proflets_argument,
     add_trigger_arguments,
     budget_arg,
+    chosen_proflets,
     duration_arg,
     standing_monitor,
     trigger_specs,
@@ -63,6 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--duration", type=duration_arg, help="stop after this many seconds")
     parser.add_argument("--monitor", metavar="ENDPOINT", help="stream to a standing monitor (dyper monitor)")
+    add_proflets_argument(parser)
     add_session_arguments(parser)
     # dest "program": "command" is where the CLI keeps the subcommand's name for its error lines
     parser.add_argument("program", metavar="command", nargs=argparse.REMAINDER, help="the program to run, after --")
@@ -211,6 +214,7 @@ def child_env(
     ceiling: float | None = None,
     triggers: list[dict[str, Any]] | None = None,
     monitor_pid: int | None = None,
+    proflets: tuple[str, ...] | None = None,
 ) -> dict[str, str]:
     """The program's environment: what the agent's autostart reads (``monitor_pid``: a run-scoped monitor's)."""
     from dyper.agent.lifeline import ENV as MONITOR_PID
@@ -232,6 +236,8 @@ def child_env(
     env["PYTHONPATH"] = os.pathsep.join(p for p in (AUTOSTART_DIR, env.get("PYTHONPATH", "")) if p)
     if errfile:
         env["DYPER_ERRFILE"] = errfile
+    if proflets is not None:
+        env["DYPER_PROFLETS"] = ",".join(proflets)  # else $DYPER_PROFLETS as we found it
     # Ours only: an outer dyper run's tie must not make this agent leave with that one.
     env.pop(MONITOR_PID, None)
     if monitor_pid is not None:
@@ -254,6 +260,7 @@ def run(args: argparse.Namespace) -> int:
     command = _command(args)
     keys = key_options(args)  # before anything starts: a bad key or endpoint is a one-line error
     trigger_specs(args)  # so is a trigger it cannot read
+    chosen_proflets(args)  # and a bad $DYPER_PROFLETS
     console = Console()
     if args.monitor:
         return _run_with_standing_monitor(args, command, console, keys)
@@ -274,6 +281,7 @@ def run(args: argparse.Namespace) -> int:
                     ceiling=args.ceiling,
                     triggers=trigger_specs(args),
                     monitor_pid=os.getpid(),
+                    proflets=chosen_proflets(args),
                 ),
                 stdout=out,
                 stderr=out,
@@ -340,6 +348,7 @@ def _run_with_standing_monitor(
             key=key,
             ceiling=args.ceiling,
             triggers=trigger_specs(args),
+            proflets=chosen_proflets(args),
         )
         proc = subprocess.Popen(command, env=env)
         signal.signal(signal.SIGHUP, lambda _sig, _frame: _pass_on(proc.pid, signal.SIGHUP))

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.integration.conftest import REPO, TARGETS, wait_for
 
 SAMPLER = "dyper-sampler"
@@ -199,3 +201,48 @@ def test_run_notes_when_no_python_comes() -> None:
     assert "no Python process has started under the program" in out, (out, err)
     assert run.returncode == 2, (out, err)
     assert "sleep is not a Python program" in err
+
+
+def agent_proflets(monitor, pid: int) -> dict[str, object] | None:  # type: ignore[no-untyped-def]
+    session = monitor.session(pid)
+    if not session or not session["samples"]:
+        return None
+    view = monitor.call("top", pid=pid)
+    return view["session"]["spending"].get("proflets") or None  # type: ignore[no-any-return,index]
+
+
+@pytest.mark.parametrize(
+    ("option", "env", "expected"),
+    [
+        # (tasks details nothing: the agent lists only the proflets that detail, and those switched off)
+        (["--proflets", "-cpu,+heap"], None, {"heap"}),  # the default set less cpu, plus heap
+        (["--proflets", "all,-heap"], None, {"cpu", "threads", "timing", "io", "memory", "memory_stacks"}),
+        ([], "+memory_stacks,-tasks", {"cpu", "memory_stacks"}),  # the environment form, through dyper run
+    ],
+)
+def test_run_chooses_proflets(standing_monitor, tmp_path: Path, option, env, expected) -> None:  # type: ignore[no-untyped-def]
+    pidfile = tmp_path / "pid"
+    extra = {**os.environ, "DYPER_PROFLETS": env} if env is not None else None
+    run = cli(
+        "run",
+        "--monitor",
+        standing_monitor.endpoint,
+        "--duration",
+        "60",
+        *option,
+        "--",
+        sys.executable,
+        str(TARGETS / "forever.py"),
+        str(pidfile),
+        env=extra,
+    )
+    try:
+        target = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 30, what="the target"))
+        states = wait_for(lambda: agent_proflets(standing_monitor, target), 30, what="the agent's proflets")
+    finally:
+        if pidfile.exists() and (pid := pidfile.read_text().strip()) and alive(int(pid)):
+            os.kill(int(pid), signal.SIGKILL)  # first: it holds dyper run's output pipes
+        run.kill()
+        run.communicate(timeout=10)
+    running = {name for name, state in states.items() if not state.get("off")}
+    assert running == expected, states
