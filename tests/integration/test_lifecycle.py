@@ -81,6 +81,8 @@ def test_run_passes_sighup_on(tmp_path: Path) -> None:
         # forever.py does not handle SIGHUP: it ends, and dyper run with it, as after any exit
         out, err = run.communicate(timeout=30)
     finally:
+        if pidfile.exists() and (pid := pidfile.read_text().strip()) and alive(int(pid)):
+            os.kill(int(pid), signal.SIGKILL)  # a regression: dyper run died of the signal, the program did not
         if run.poll() is None:
             run.kill()
             run.communicate(timeout=10)
