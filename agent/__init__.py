@@ -160,16 +160,20 @@ def start(
     monitor_key: str | None = None,
     key: str | None = None,
     triggers: tuple[Any, ...] | list[Any] | None = None,
+    monitor_pid: int | None = None,
 ) -> str:
     """Start the agent and return its id; if it already runs, apply the budget.
 
     ``monitor`` defaults to ``$DYPER_MONITOR`` and then :data:`DEFAULT_MONITOR`;
     ``budget`` (``"1%"`` or ``0.01``) to ``$DYPER_BUDGET`` and then 1%.
-    ``ceiling`` (default ``$DYPER_CEILING``) caps every later budget change and boost. ``proflets`` names the
-    proflets whose collectors run (default: the built-ins; a
-    :class:`agent.proflet.Collector` instance may stand for a name), then
-    ``$DYPER_PROFLETS`` (comma-separated; empty for sampling only; ``all``
-    for every registered proflet).
+    ``ceiling`` (default ``$DYPER_CEILING``) caps every later budget change and boost. ``proflets`` chooses the
+    proflets whose collectors run, as ``--proflets`` does: names, ``all`` for
+    every registered one, ``-NAME`` to leave one out of the default set (or
+    of ``all``), ``+NAME`` to add one (:func:`proflets.parse_selection`; a
+    :class:`agent.proflet.Collector` instance may stand for a name); default
+    ``$DYPER_PROFLETS`` (the same, comma-separated; empty for sampling only),
+    else the default set. Bad syntax raises ValueError here; an unknown name
+    is reported as a proflet switched off.
     ``monitor_key`` (the monitor's public certificate) and ``key`` (this
     agent's secret certificate), paths made by ``dyper keys``, default to
     ``$DYPER_MONITOR_KEY`` and ``$DYPER_KEY``; given, the connection uses
@@ -177,6 +181,11 @@ def start(
     ``triggers`` (text such as ``"cpu > 80% for 10s"``, or dicts as
     ``TriggerSpec.to_json`` makes them) default to ``$DYPER_TRIGGERS``, a JSON
     list of either; see :mod:`agent.triggers`. A bad one raises ValueError here.
+    ``monitor_pid`` says the monitor is run-scoped, living in that process
+    (``dyper run`` and ``dyper attach`` give theirs: the autostart reads it
+    from ``$DYPER_MONITOR_PID``): when it ends, the agent detaches
+    (:mod:`agent.lifeline`). Without it, the agent keeps reconnecting to a
+    monitor that went away, as to a standing one.
     Thread-safe and idempotent.
     """
     from dyper.agent.protocol import parse_budget
@@ -191,7 +200,7 @@ def start(
     if ceiling is None:
         ceiling = os.environ.get("DYPER_CEILING") or None
     cap = parse_budget(ceiling) if ceiling is not None else None
-    return _start(endpoint, fraction, cap, attach_token, proflets, curve, _trigger_specs(triggers))
+    return _start(endpoint, fraction, cap, attach_token, proflets, curve, _trigger_specs(triggers), monitor_pid)
 
 
 def _trigger_specs(triggers: tuple[Any, ...] | list[Any] | None) -> tuple[Any, ...]:
@@ -229,6 +238,7 @@ def _start(
     proflets: tuple[Any, ...] | None,
     curve: CurveKeys | None,
     triggers: tuple[Any, ...] = (),
+    monitor_pid: int | None = None,
 ) -> str:
     global _agent
     with _lock:
@@ -238,15 +248,17 @@ def _start(
         from dyper.agent.core import Agent
 
         if proflets is None and "DYPER_PROFLETS" in os.environ:
-            # e.g. DYPER_PROFLETS="" for sampling only, "cpu" for the cpu proflet's detailing
-            proflets = tuple(p for p in os.environ["DYPER_PROFLETS"].replace(" ", "").split(",") if p)
+            # e.g. DYPER_PROFLETS="" for sampling only, "-heap" for the default set less heap
+            from dyper.proflets import parse_selection
+
+            proflets = parse_selection(os.environ["DYPER_PROFLETS"])
         kwargs: dict[str, Any] = {}
-        if proflets == ("all",):
-            kwargs["proflets"] = None  # every registered proflet
-        elif proflets is not None:
-            kwargs["proflets"] = tuple(proflets)
+        if proflets is not None:
+            kwargs["proflets"] = tuple(proflets)  # "all", "-heap" ...: resolved by the agent's thread
         if triggers:
             kwargs["triggers"] = triggers
+        if monitor_pid is not None:
+            kwargs["monitor_pid"] = monitor_pid
         new = Agent(endpoint, fraction, attach_token=attach_token, ceiling=cap, curve=curve, on_exit=_on_exit, **kwargs)
         _agent = new
         _install_fork_handler()
@@ -473,9 +485,14 @@ def _after_fork_in_child() -> None:
         for fd in (parent._wake_r, parent._wake_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
+        if parent._lifeline is not None:
+            parent._lifeline.close()
         with contextlib.suppress(Exception):  # never break the child over profiling
             # The parent's keys, not the files again: a worker may have dropped
             # the privileges that could read them.
             # The configured triggers; predicates added from inside are for the child's code to add again.
             kept = tuple(st.spec for st in parent.triggers.states if st.predicate is None) if parent.triggers else ()
-            _start(parent.endpoint, parent.budget, parent.ceiling, None, None, parent.curve, kept)
+            # The parent's choice of proflets, when made of names (an instance given in the parent is not ours).
+            names = parent._proflet_names
+            chosen = names if names is not None and all(isinstance(n, str) for n in names) else None
+            _start(parent.endpoint, parent.budget, parent.ceiling, None, chosen, parent.curve, kept, parent.monitor_pid)

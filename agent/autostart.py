@@ -12,7 +12,8 @@ Two ways in, both ending here:
   dyper on ``PYTHONPATH``).
 
 Settings: ``DYPER_MONITOR`` (endpoint), ``DYPER_BUDGET`` (default 1%),
-``DYPER_PROFLETS``, ``DYPER_SERVICE`` (see :func:`agent.start`).
+``DYPER_PROFLETS``, ``DYPER_SERVICE`` (see :func:`agent.start`), and
+``DYPER_MONITOR_PID``, which ``dyper run`` sets (:mod:`agent.lifeline`).
 """
 
 from __future__ import annotations
@@ -28,8 +29,11 @@ def run() -> None:
         return
     try:
         from dyper import agent
+        from dyper.agent.lifeline import monitor_pid_from_env
 
-        agent.start()
+        # Read here, not by start(): an agent attached later into this process (its environment
+        # still saying so) streams to a standing monitor and must not leave with dyper run's.
+        agent.start(monitor_pid=monitor_pid_from_env())
     except Exception as exc:  # the program must run even if profiling cannot
         message = f"dyper: agent not started in pid {os.getpid()} ({sys.executable}): {exc}\n"
         errfile = os.environ.get("DYPER_ERRFILE")

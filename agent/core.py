@@ -51,6 +51,7 @@ from dyper.agent.budget import (
     cost,
     plan,
 )
+from dyper.agent.lifeline import Lifeline
 from dyper.agent.native import NativeTicker, choose_sampler
 from dyper.agent.proflet import Collector, DetailContext, ReportContext
 from dyper.agent.schedule import (
@@ -330,12 +331,21 @@ class _Burst:
 def _load_collectors(names: tuple[str | Collector, ...] | None, off: dict[str, str]) -> dict[str, Collector]:
     """Build the collectors of ``names`` (None: every registered proflet).
 
+    ``names`` may hold the entries ``--proflets`` takes (``all``, ``-heap``,
+    ``+io``: :func:`proflets.select`); every proflet chosen so is named, so
+    those that run only when named (memory_stacks on 3.11) obey ``all``.
     A proflet that cannot be loaded goes into ``off`` with the reason; the
     others still run.
     """
     from dyper import proflets  # lazy: the registry reads distribution metadata
 
     explicit = names is not None
+    if names is not None:
+        given = tuple(n for n in names if isinstance(n, Collector))
+        names = (
+            *proflets.select((n for n in names if isinstance(n, str)), DEFAULT_PROFLETS, proflets.available),
+            *given,
+        )
     available = proflets.available(None if names is None else [n for n in names if isinstance(n, str)])
     wanted: tuple[str | Collector, ...] = tuple(available) if names is None else names
     collectors: dict[str, Collector] = {}
@@ -372,8 +382,12 @@ class Agent:
         on_exit: Callable[[Agent], None] | None = None,
         proflets: tuple[str | Collector, ...] | None = DEFAULT_PROFLETS,
         triggers: tuple[TriggerSpec, ...] = (),
+        monitor_pid: int | None = None,
     ) -> None:
         self._on_exit = on_exit
+        #: the process of a run-scoped monitor (dyper run's, dyper attach's): when it ends, we detach (agent.lifeline)
+        self.monitor_pid = monitor_pid
+        self._lifeline: Lifeline | None = None
         #: CURVE: (monitor's public key, our public key, our secret key), z85; None: no encryption
         self.curve = curve
         self._pending_budget: float | None = None
@@ -696,6 +710,8 @@ class Agent:
         if ctx is not None:
             with contextlib.suppress(Exception):
                 ctx.term()
+        if self._lifeline is not None:
+            self._lifeline.close()
         while self.collectors:
             # Out of the table before the call: a close() that hangs is not called twice.
             name, collector = self.collectors.popitem()
@@ -757,6 +773,7 @@ class Agent:
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
+        lifeline_fd = self._tie_to_monitor(poller)
         now = self.clock()
         next_sample = now + (TICKER_EARLY_DRAIN_S if self.ticker else self._jitter(self.sample_delay_s))
         early_drains = 0
@@ -838,6 +855,8 @@ class Agent:
                 hello_wait = min(2 * hello_wait, HELLO_RETRY_S)
                 next_hello = now + hello_wait
             if now >= next_report:
+                if self._lifeline is not None and self._lifeline.fd is None and self._lifeline.gone():
+                    self._monitor_gone()  # no pidfd to poll: asked here
                 if self._hello_sent:
                     self._report(sock)
                 # Rescheduled even when no report could go (no monitor yet),
@@ -927,8 +946,30 @@ class Agent:
                 if item == self._wake_r:
                     with contextlib.suppress(OSError):
                         os.read(self._wake_r, 512)
+                elif item == lifeline_fd:
+                    self._monitor_gone()
                 else:
                     self._receive(sock)
+
+    def _tie_to_monitor(self, poller: zmq.Poller) -> int | None:
+        """Watch a run-scoped monitor's process (see agent.lifeline); the pidfd the poll waits on, if any."""
+        if self.monitor_pid is None:
+            return None
+        if self._lifeline is None:  # a replacement sampler keeps the one it took over
+            self._lifeline = Lifeline(self.monitor_pid)
+        if self._lifeline.gone():
+            self._monitor_gone()
+            return None
+        if self._lifeline.fd is not None:
+            poller.register(self._lifeline.fd, zmq.POLLIN)
+        return self._lifeline.fd
+
+    def _monitor_gone(self) -> None:
+        """The run-scoped monitor's process ended: nobody will listen again, so detach (as DETACH would)."""
+        if not self._stopping.is_set():
+            self._bye_reason = "monitor gone"
+            self.errors.append(f"the monitor's process {self.monitor_pid} ended: detached")
+            self._stopping.set()
 
     def _leave(self, sock: zmq.Socket[Any]) -> None:
         """End bursts, send the last counts and a bye, best effort and never blocking.

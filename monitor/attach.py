@@ -73,7 +73,7 @@ def _dyper_bootstrap(action, params, result_path):
             added = []
             names = params.get("proflets")
             # Only when given: an older agent in the target may not take them.
-            keys = {k: params[k] for k in ("monitor_key", "key", "triggers") if params.get(k)}
+            keys = {k: params[k] for k in ("monitor_key", "key", "triggers", "monitor_pid") if params.get(k)}
             agent_id = mod.start(params["monitor"], params["budget"], attach_token=params["token"],
                                  ceiling=params["ceiling"],
                                  proflets=tuple(names) if names is not None else None, **keys)
@@ -193,12 +193,14 @@ def attach(
     monitor_key: str | None = None,
     key: str | None = None,
     triggers: list[dict[str, Any]] | None = None,
+    monitor_pid: int | None = None,
     timeout: float = DEFAULT_TIMEOUT_S,
 ) -> Attached:
     """Start dyper's agent inside process ``pid``, streaming to ``monitor``.
 
     ``proflets``: the proflets to run (as ``$DYPER_PROFLETS`` names them); None: the agent's default.
     ``triggers``: as ``TriggerSpec.to_json`` makes them (see :mod:`agent.triggers`).
+    ``monitor_pid``: the process hosting a run-scoped monitor (see :mod:`agent.lifeline`).
     ``monitor_key``, ``key``: CURVE certificates (see :func:`agent.start`). The
     target opens them itself: they must be readable by its user at these
     paths (made absolute here) in its filesystem. The secret never passes
@@ -210,6 +212,8 @@ def attach(
         params["proflets"] = list(proflets)
     if triggers:
         params["triggers"] = triggers
+    if monitor_pid is not None:
+        params["monitor_pid"] = monitor_pid
     if monitor_key and key:
         params["monitor_key"] = os.path.abspath(os.path.expanduser(monitor_key))
         params["key"] = os.path.abspath(os.path.expanduser(key))

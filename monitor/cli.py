@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from dyper.monitor.commands import CliError
+from dyper.monitor.commands import CliError, glue_leading_dash
 
 COMMANDS = (
     "run",
@@ -69,7 +69,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(words[0] if words and words[0] in COMMANDS else None)
-    args = parser.parse_args(argv)
+    args = parser.parse_args(glue_leading_dash(words))
     if getattr(args, "_module", None) is None:
         parser.print_help()
         return 2

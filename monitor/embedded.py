@@ -32,12 +32,21 @@ from dyper.monitor.views import render_top, render_waiting, service_top_view, to
 #: How long to wait for an agent's last report and bye at the end.
 FINAL_REPORT_WAIT_S = 3.0
 REFRESH_S = 1.0
+#: With no agent heard from and no Python process in sight this long, the view says the program may not be Python.
+NOT_PYTHON_NOTE_S = 5.0
 
 
 class Target(Protocol):
     pid: int
+    #: the command is about the agent, not the process: once its agent is gone (``dyper detach PID``
+    #: from outside), there is nothing left to show (dyper attach), where dyper run waits for its program
+    ends_with_agent: bool
 
     def done(self) -> bool: ...
+
+    def not_python(self) -> bool:
+        """True while no Python process has been seen in it (so no agent can come), False once one was."""
+        ...
 
     async def finish(self, monitor: Monitor | None, reason: str) -> None: ...
 
@@ -90,8 +99,11 @@ async def profile_target(
         target = await start(endpoint)
         began = time.monotonic()
         reason = await _watch(monitor, target, options, console, interrupted, began)
+        if reason == "detached":
+            console.print(f"dyper: the agent in process {target.pid} was detached from outside (dyper detach); ending")
         await target.finish(monitor, reason)
-        await _await_final_reports(monitor, target.pid)
+        if not (_session(monitor, target.pid) is None and target.not_python()):
+            await _await_final_reports(monitor, target.pid)
         session = _session(monitor, target.pid)
         if session is None:
             return target, None
@@ -118,6 +130,8 @@ async def _watch(
     began: float,
 ) -> str:
     """Show the live view until the target ends, the duration passes or Ctrl-C."""
+    heard = False
+    noted = False
     live = None
     if options.live and console.is_terminal:
         from rich.live import Live
@@ -137,12 +151,25 @@ async def _watch(
                 return "interrupted"
             if options.duration is not None and time.monotonic() - began >= options.duration:
                 return "duration"
+            if target.ends_with_agent:
+                session = monitor.session_for(target.pid)
+                # Once it said hello: the monitor marks it disconnected on its bye (or when the process is gone).
+                heard = heard or (session is not None and session.connected)
+                if heard and session is not None and not session.connected:
+                    return "detached"
+            waiting = "waiting for the agent's first report"
+            late = time.monotonic() - began >= NOT_PYTHON_NOTE_S
+            if late and _session(monitor, target.pid) is None and target.not_python():
+                waiting = "no Python process has started under the program: is it a Python program? (Ctrl-C stops)"
+                if live is None and not noted:
+                    console.print(f"dyper: {waiting}")
+                    noted = True
             if live is not None:
                 view = live_view(monitor, target.pid, options)
                 if view is not None:
                     live.update(render_top(view, title=_title(options)))
                 else:
-                    live.update(render_waiting("waiting for the agent's first report", began))
+                    live.update(render_waiting(waiting, began))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(interrupted.wait(), timeout=0.25 if live is None else REFRESH_S / 2)
     finally:

@@ -31,11 +31,20 @@ Both halves import this module, so it stays free of anything heavy.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable
+import re
+from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import Final
 
 GROUP: Final = "dyper.proflets"
+#: The environment's form of ``--proflets`` (see :func:`parse_selection`).
+ENV: Final = "DYPER_PROFLETS"
+#: What ``--proflets`` and ``$DYPER_PROFLETS`` take, for every command's help.
+SELECTION_HELP: Final = (
+    "a comma-separated list: names (cpu,threads: those only), all (every registered proflet), "
+    "-NAME to leave one out and +NAME to add one (-heap: the default set less heap; all,-heap), "
+    "empty for sampling only"
+)
 BUILTINS: Final = {
     "cpu": "dyper.proflets.cpu",
     "threads": "dyper.proflets.threads",
@@ -92,3 +101,51 @@ def load(name: str, module: str | None = None, part: str | None = None) -> Modul
         if exc.name != f"{top.__name__}.{part}":
             raise  # the part is there but imports something that is not
         return top
+
+
+_ENTRY = re.compile(r"[+-]?[A-Za-z_][A-Za-z0-9_.-]*")
+
+
+def parse_selection(text: str) -> tuple[str, ...]:
+    """``--proflets``/``$DYPER_PROFLETS`` text as entries: ``"all, -heap"`` -> ``("all", "-heap")``.
+
+    Each entry is a proflet name, ``all``, ``-NAME`` (leave it out) or
+    ``+NAME`` (add it); empty text is sampling only. Raises ValueError (one
+    line) for an entry that is none of these. Names are checked against the
+    registry by :func:`unknown`, not here: the agent reads this too.
+    """
+    entries = tuple(e for e in (part.strip() for part in text.split(",")) if e)
+    for entry in entries:
+        if not _ENTRY.fullmatch(entry) or (entry.lstrip("+-") == "all" and entry != "all"):
+            raise ValueError(f"proflets {text!r}: {entry!r} is not a proflet name, all, -NAME or +NAME")
+    return entries
+
+
+def select(entries: Iterable[str], default: Iterable[str], registered: Callable[[], Iterable[str]]) -> tuple[str, ...]:
+    """The proflets ``entries`` (from :func:`parse_selection`) choose, in order.
+
+    The base is every registered proflet if ``all`` is among them, else the
+    ``default`` set when every entry is ``-NAME``/``+NAME``, else nothing;
+    names and ``+NAME`` add to it, ``-NAME`` leaves out (whatever the order).
+    ``registered`` is called only for ``all``: it may read distribution metadata.
+    """
+    entries = tuple(entries)
+    chosen: dict[str, None] = {}
+    if "all" in entries:
+        chosen.update(dict.fromkeys(registered()))
+    elif entries and all(e[0] in "+-" for e in entries):
+        chosen.update(dict.fromkeys(default))
+    for entry in entries:
+        if entry != "all" and entry[0] != "-":
+            chosen[entry.lstrip("+")] = None
+    for entry in entries:
+        if entry[0] == "-":
+            chosen.pop(entry[1:], None)
+    return tuple(chosen)
+
+
+def unknown(entries: Iterable[str]) -> list[str]:
+    """The names among ``entries`` that no installed proflet has (reads metadata only for a non-built-in)."""
+    names = [e.lstrip("+-") for e in entries if e != "all"]
+    known = available(names)
+    return [n for n in names if n not in known]

@@ -197,6 +197,82 @@ def add_metric_arguments(parser: argparse.ArgumentParser, *, metric: bool = True
     )
 
 
+def proflets_arg(text: str) -> tuple[str, ...]:
+    """``--proflets``: the entries (names, all, -NAME, +NAME); see :func:`proflets.parse_selection`."""
+    from dyper.proflets import parse_selection
+
+    try:
+        return parse_selection(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+#: Options whose value may begin with "-" (``--proflets -heap``), which argparse would take for an option.
+DASH_VALUED = ("--proflets",)
+
+
+def glue_leading_dash(words: list[str]) -> list[str]:
+    """``--proflets -heap`` as ``--proflets=-heap``, before ``--`` only (what follows is the program's)."""
+    out: list[str] = []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word == "--":
+            return out + words[i:]
+        if word in DASH_VALUED and i + 1 < len(words) and words[i + 1].startswith("-") and words[i + 1] != "--":
+            out.append(f"{word}={words[i + 1]}")
+            i += 2
+            continue
+        out.append(word)
+        i += 1
+    return out
+
+
+def add_proflets_argument(parser: argparse.ArgumentParser, what: str = "the proflets to run") -> None:
+    """``--proflets LIST``, the one way ``run``, ``attach`` and ``monitor`` choose proflets (see chosen_proflets)."""
+    from dyper.proflets import SELECTION_HELP
+
+    parser.add_argument(
+        "--proflets",
+        metavar="LIST",
+        type=proflets_arg,
+        help=f"{what}: {SELECTION_HELP} (default $DYPER_PROFLETS, which takes the same; else the default set, "
+        "cpu and tasks)",
+    )
+
+
+def chosen_proflets(args: argparse.Namespace) -> tuple[str, ...] | None:
+    """The proflets ``--proflets`` or else ``$DYPER_PROFLETS`` choose, as entries; None: the agent's default set.
+
+    Bad syntax in ``$DYPER_PROFLETS`` is a CliError, as in ``--proflets`` an
+    argparse error: before anything starts. A name no proflet installed here
+    has gets a warning, not an error: the target's interpreter may have
+    plug-ins this one lacks (its agent reports one it lacks too, as off).
+    """
+    import os
+    import sys
+
+    from dyper.proflets import ENV, available, unknown
+
+    entries: tuple[str, ...] | None = getattr(args, "proflets", None)
+    if entries is None and ENV in os.environ:
+        try:
+            entries = proflets_arg(os.environ[ENV])
+        except argparse.ArgumentTypeError as exc:
+            raise CliError(f"${ENV}: {exc}", code=2) from None
+    if entries is None:
+        return None
+    missing = unknown(entries)
+    if missing and not getattr(args, "_warned_proflets", False):
+        args._warned_proflets = True
+        print(
+            f"dyper: no proflet called {', '.join(missing)} is installed here (there are "
+            f"{', '.join(available(None))}); the agent will say whether the target has one",
+            file=sys.stderr,
+        )
+    return tuple(entries)
+
+
 def add_trigger_arguments(parser: argparse.ArgumentParser) -> None:
     """--trigger (repeatable) and --triggers FILE: conditions that catch transient problems (agent.triggers)."""
     parser.add_argument(

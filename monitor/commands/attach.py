@@ -7,7 +7,10 @@
 
 Without --monitor the CLI hosts the monitor, shows the live view and, when
 --duration passes, the process exits or you press Ctrl-C, detaches cleanly
-and writes -o. With --monitor the agent streams to that standing monitor and
+and writes -o; a `dyper detach PID` from elsewhere ends it too (it says so).
+If dyper attach itself is killed, the agent notices its monitor is gone and
+detaches (not into another pid namespace: there it stays until `dyper
+detach PID`). With --monitor the agent streams to that standing monitor and
 stays until `dyper detach PID`.
 """
 
@@ -24,7 +27,9 @@ from rich.console import Console
 from dyper.monitor.attach import Attached, AttachError, attach
 from dyper.monitor.commands import (
     CliError,
+    add_proflets_argument,
     budget_arg,
+    chosen_proflets,
     duration_arg,
     pid_arg,
     standing_monitor,
@@ -40,22 +45,11 @@ if TYPE_CHECKING:
 NAME = "attach"
 
 
-def _proflets(args: argparse.Namespace) -> tuple[str, ...] | None:
-    if args.proflets is None:
-        return None
-    return tuple(p for p in str(args.proflets).replace(" ", "").split(",") if p)
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("pid", type=pid_arg, help="process id of a running CPython 3.11+ process")
     parser.add_argument("--budget", type=budget_arg, default=0.01, help="overhead budget, e.g. 1%% (default 1%%)")
     parser.add_argument("--ceiling", type=budget_arg, help="no later budget change may exceed this")
-    parser.add_argument(
-        "--proflets",
-        metavar="LIST",
-        default=os.environ.get("DYPER_PROFLETS"),
-        help="proflets to run, e.g. cpu,threads,timing or all (default $DYPER_PROFLETS, else the agent's default)",
-    )
+    add_proflets_argument(parser)
     parser.add_argument(
         "--children",
         action="store_true",
@@ -68,6 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 class AttachedProcess:
+    ends_with_agent = True
+
     def __init__(self, pid: int, children: tuple[int, ...] = ()) -> None:
         self.pid = pid
         self.children = children
@@ -75,8 +71,15 @@ class AttachedProcess:
     def done(self) -> bool:
         return not os.path.exists(f"/proc/{self.pid}")
 
+    def not_python(self) -> bool:
+        return False  # attach checked that it is a CPython before it went in
+
     async def finish(self, monitor: Monitor | None, reason: str) -> None:
-        await asyncio.gather(*(self._detach(pid, monitor) for pid in (self.pid, *self.children)))
+        if reason == "detached":
+            pids: tuple[int, ...] = self.children  # the main agent is gone already: no debugger needed for it
+        else:
+            pids = (self.pid, *self.children)
+        await asyncio.gather(*(self._detach(pid, monitor) for pid in pids))
 
     @staticmethod
     async def _detach(pid: int, monitor: Monitor | None) -> None:
@@ -102,14 +105,33 @@ def child_pids(pid: int) -> list[int]:
     return [c.pid for c in sorted(children, key=lambda c: c.pid)]
 
 
+def _our_pid_for(pid: int) -> int | None:
+    """This process's id as ``pid`` sees it, for the agent's tie to our monitor (agent.lifeline).
+
+    None when ``pid`` is in another pid namespace (a container): there our
+    number names another process, or none. Its agent then outlives a
+    ``dyper attach`` killed with SIGKILL, as a standing monitor's would.
+    """
+    try:
+        same = os.stat("/proc/self/ns/pid").st_ino == os.stat(f"/proc/{pid}/ns/pid").st_ino
+    except OSError:
+        return None
+    return os.getpid() if same else None
+
+
 def attach_all(
     pids: list[int],
     endpoint: str,
     args: argparse.Namespace,
     console: Console,
     keys: tuple[str | None, str | None] = (None, None),
+    *,
+    scoped: bool = False,
 ) -> tuple[list[Attached], list[str]]:
-    """Attach to each of ``pids`` at once (each attach waits on its own debugger); the errors, one per pid."""
+    """Attach to each of ``pids`` at once (each attach waits on its own debugger); the errors, one per pid.
+
+    ``scoped``: the monitor is this process's own (run-scoped), the agents leave when it ends.
+    """
     from concurrent.futures import ThreadPoolExecutor
 
     def one(pid: int) -> Attached | str:
@@ -119,10 +141,11 @@ def attach_all(
                 endpoint,
                 args.budget,
                 ceiling=args.ceiling,
-                proflets=_proflets(args),
+                proflets=chosen_proflets(args),
                 monitor_key=keys[0],
                 key=keys[1],
                 triggers=trigger_specs(args),
+                monitor_pid=_our_pid_for(pid) if scoped else None,
             )
         except AttachError as exc:
             return f"child {pid}: {exc}"
@@ -138,6 +161,7 @@ def run(args: argparse.Namespace, *, beside: Any = None) -> int:
     """``beside``: see :func:`monitor.embedded.profile_target` (the demo's dashboard)."""
     keys = key_options(args)
     trigger_specs(args)  # a trigger it cannot read is an error before anything is attached
+    chosen_proflets(args)  # so is a bad $DYPER_PROFLETS
     console = Console()
     if args.monitor:
         return _attach_to_standing(args, console, keys)
@@ -150,14 +174,17 @@ def run(args: argparse.Namespace, *, beside: Any = None) -> int:
                 endpoint,
                 args.budget,
                 ceiling=args.ceiling,
-                proflets=_proflets(args),
+                proflets=chosen_proflets(args),
                 triggers=trigger_specs(args),
+                monitor_pid=_our_pid_for(args.pid),
             )
         except AttachError as exc:
             raise CliError(str(exc)) from None
         if not args.children:
             return AttachedProcess(args.pid)
-        attached, errors = await asyncio.to_thread(attach_all, child_pids(args.pid), endpoint, args, console)
+        attached, errors = await asyncio.to_thread(
+            attach_all, child_pids(args.pid), endpoint, args, console, scoped=True
+        )
         _say_children(console, args.pid, attached, errors)
         return AttachedProcess(args.pid, tuple(a.pid for a in attached))
 
@@ -193,7 +220,7 @@ def _attach_to_standing(
                 args.monitor,
                 args.budget,
                 ceiling=args.ceiling,
-                proflets=_proflets(args),
+                proflets=chosen_proflets(args),
                 monitor_key=monitor_key,
                 key=key,
                 triggers=trigger_specs(args),

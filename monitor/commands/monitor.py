@@ -3,6 +3,7 @@
     dyper monitor [--listen tcp://127.0.0.1:7341] [--history FILE | --no-history]
                   [--retain-age 7d] [--retain-size 1GiB] [--http 127.0.0.1:8341 [--http-token T]]
     dyper monitor --listen tcp://0.0.0.0:7341 --curve-secret monitor.key_secret --authorized DIR
+    dyper monitor --http 127.0.0.1:8341 --proflets all,-heap
 
 Agents started with --monitor, DYPER_MONITOR or `dyper attach --monitor`
 connect to it; `dyper top`, `dyper ps` and `dyper detach` query it. It
@@ -44,7 +45,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from dyper.agent import DEFAULT_MONITOR, check_endpoint
-from dyper.monitor.commands import CliError
+from dyper.monitor.commands import CliError, add_proflets_argument, chosen_proflets
 from dyper.monitor.history import DEFAULT_MAX_AGE_S, DEFAULT_MAX_BYTES, History, HistoryError, Retention, parse_size
 from dyper.monitor.server import Monitor
 from dyper.monitor.windows import parse_seconds
@@ -107,6 +108,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve the web dashboard here, e.g. 127.0.0.1:8341 (port 0: any free port); "
         "a host off loopback needs a token",
     )
+    add_proflets_argument(parser, "with --http: the proflets of the processes the dashboard attaches to")
     parser.add_argument(
         "--http-token",
         metavar="TOKEN",
@@ -189,6 +191,7 @@ def curve_options(args: argparse.Namespace) -> ServerKeys | None:
 def run(args: argparse.Namespace) -> int:
     curve = curve_options(args)
     http = http_options(args.http, args.http_token)
+    proflets = chosen_proflets(args)  # a bad $DYPER_PROFLETS is an error before anything listens
     console = Console(stderr=True)
 
     def on_event(kind: str, data: dict[str, Any]) -> None:
@@ -248,6 +251,7 @@ def run(args: argparse.Namespace) -> int:
             from dyper.monitor.web.server import Dashboard
 
             dashboard = Dashboard(monitor, *http)
+            dashboard.proflets = proflets
             try:
                 url = await dashboard.start()
             except OSError as exc:

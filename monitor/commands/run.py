@@ -9,19 +9,29 @@ program is then stopped) or Ctrl-C. With --monitor the agent streams to that
 standing monitor instead; one off loopback takes CURVE keys (`dyper keys`):
 --monitor-key, the monitor's public certificate, and --key, the agent's secret
 one (default $DYPER_MONITOR_KEY and $DYPER_KEY).
+
+SIGHUP sent to dyper run is passed on to the program; SIGTERM and Ctrl-C
+stop the program (after a moment to exit by itself) and show the summary.
+If dyper run itself is killed (SIGKILL, the OOM killer) the program keeps
+running, as it would without dyper, and its agent detaches within a second
+or so: it never streams on to a monitor that is gone. With --monitor the
+agent stays with the standing monitor as long as the program runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import math
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,8 +40,10 @@ from rich.console import Console
 from dyper.monitor.commands import (
     CliError,
     add_output_arguments,
+    add_proflets_argument,
     add_trigger_arguments,
     budget_arg,
+    chosen_proflets,
     duration_arg,
     standing_monitor,
     trigger_specs,
@@ -53,21 +65,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--duration", type=duration_arg, help="stop after this many seconds")
     parser.add_argument("--monitor", metavar="ENDPOINT", help="stream to a standing monitor (dyper monitor)")
+    add_proflets_argument(parser)
     add_session_arguments(parser)
     # dest "program": "command" is where the CLI keeps the subcommand's name for its error lines
     parser.add_argument("program", metavar="command", nargs=argparse.REMAINDER, help="the program to run, after --")
 
 
+#: How often a program not yet known to be Python has its process tree looked at.
+LOOK_EVERY_S = 0.5
+
+
 class Child:
     """The program we started."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, log: Path | None) -> None:
+    ends_with_agent = False
+
+    def __init__(self, proc: asyncio.subprocess.Process, log: Path | None, python: bool = False) -> None:
         self.proc = proc
         self.pid = proc.pid
         self.log = log
+        #: a Python process was seen in it (the command itself, or one it started)
+        self.python = python
+        self._looked = -math.inf
 
     def done(self) -> bool:
+        if not self.python and time.monotonic() - self._looked >= LOOK_EVERY_S:
+            self._looked = time.monotonic()
+            self.python = any(is_python(pid) for pid in (self.pid, *_descendants(self.pid)))
         return self.proc.returncode is not None
+
+    def not_python(self) -> bool:
+        return not self.python
 
     async def finish(self, monitor: Monitor | None, reason: str) -> None:
         if self.done():
@@ -86,6 +114,46 @@ class Child:
                 return
             except TimeoutError:
                 continue
+
+
+def is_python(pid: int) -> bool:
+    """Whether process ``pid`` runs a Python interpreter (python, pypy, or a program embedding libpython: uwsgi)."""
+    try:
+        name = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+    except OSError:
+        return False
+    if "python" in name or "pypy" in name:
+        return True
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            return b"libpython" in f.read()
+    except OSError:
+        return False
+
+
+def _descendants(pid: int) -> list[int]:
+    import psutil
+
+    try:
+        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def runs_python(path: str) -> bool:
+    """Whether the file ``path`` (a resolved command) is surely Python: an interpreter, or a script run by one.
+
+    False means "not known": a shell script or a wrapper (``uv run``, ``timeout``) may start Python later.
+    """
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return False
+    if head.startswith(b"#!"):
+        return b"python" in head.split(b"\n", 1)[0]
+    name = os.path.basename(os.path.realpath(path))
+    return head.startswith(b"\x7fELF") and ("python" in name or "pypy" in name)
 
 
 def add_session_arguments(parser: argparse.ArgumentParser) -> None:
@@ -145,7 +213,12 @@ def child_env(
     key: str | None = None,
     ceiling: float | None = None,
     triggers: list[dict[str, Any]] | None = None,
+    monitor_pid: int | None = None,
+    proflets: tuple[str, ...] | None = None,
 ) -> dict[str, str]:
+    """The program's environment: what the agent's autostart reads (``monitor_pid``: a run-scoped monitor's)."""
+    from dyper.agent.lifeline import ENV as MONITOR_PID
+
     env = dict(os.environ)
     env["DYPER_MONITOR"] = endpoint
     env["DYPER_BUDGET"] = repr(budget)
@@ -163,6 +236,12 @@ def child_env(
     env["PYTHONPATH"] = os.pathsep.join(p for p in (AUTOSTART_DIR, env.get("PYTHONPATH", "")) if p)
     if errfile:
         env["DYPER_ERRFILE"] = errfile
+    if proflets is not None:
+        env["DYPER_PROFLETS"] = ",".join(proflets)  # else $DYPER_PROFLETS as we found it
+    # Ours only: an outer dyper run's tie must not make this agent leave with that one.
+    env.pop(MONITOR_PID, None)
+    if monitor_pid is not None:
+        env[MONITOR_PID] = str(monitor_pid)
     return env
 
 
@@ -181,6 +260,7 @@ def run(args: argparse.Namespace) -> int:
     command = _command(args)
     keys = key_options(args)  # before anything starts: a bad key or endpoint is a one-line error
     trigger_specs(args)  # so is a trigger it cannot read
+    chosen_proflets(args)  # and a bad $DYPER_PROFLETS
     console = Console()
     if args.monitor:
         return _run_with_standing_monitor(args, command, console, keys)
@@ -194,14 +274,24 @@ def run(args: argparse.Namespace) -> int:
         try:
             proc = await asyncio.create_subprocess_exec(
                 *command,
-                env=child_env(endpoint, args.budget, errfile, ceiling=args.ceiling, triggers=trigger_specs(args)),
+                env=child_env(
+                    endpoint,
+                    args.budget,
+                    errfile,
+                    ceiling=args.ceiling,
+                    triggers=trigger_specs(args),
+                    monitor_pid=os.getpid(),
+                    proflets=chosen_proflets(args),
+                ),
                 stdout=out,
                 stderr=out,
             )
         finally:
             if out is not None:
                 out.close()
-        return Child(proc, log)
+        # The loop's handlers go with the loop when asyncio.run ends.
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, _pass_on, proc.pid, signal.SIGHUP)
+        return Child(proc, log, python=runs_python(shutil.which(command[0]) or command[0]))
 
     options = Options(args.duration, args.output, args.metric, args.libraries, live, args.window)
     try:
@@ -217,6 +307,14 @@ def run(args: argparse.Namespace) -> int:
     errors = Path(errfile).read_text() if os.path.exists(errfile) else ""
     if errors:
         sys.stderr.write(errors)
+    if profile is None and child.not_python():
+        if log is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+        raise CliError(
+            f"{command[0]} is not a Python program: no Python process started under it "
+            "(dyper run profiles Python programs)",
+            code=2,
+        )
     try:
         finish_output(profile, options, console, child.pid)
     except RuntimeError as exc:
@@ -225,6 +323,12 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
     code = child.proc.returncode
     return 0 if code is None or code < 0 else code
+
+
+def _pass_on(pid: int, sig: int) -> None:
+    """Send ``sig`` to the program (a reload request, a hang-up): it is the program's to act on, not ours."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
 
 
 def _run_with_standing_monitor(
@@ -244,8 +348,10 @@ def _run_with_standing_monitor(
             key=key,
             ceiling=args.ceiling,
             triggers=trigger_specs(args),
+            proflets=chosen_proflets(args),
         )
         proc = subprocess.Popen(command, env=env)
+        signal.signal(signal.SIGHUP, lambda _sig, _frame: _pass_on(proc.pid, signal.SIGHUP))
         try:
             proc.wait(timeout=args.duration)
         except subprocess.TimeoutExpired:

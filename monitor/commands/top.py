@@ -3,12 +3,16 @@
     dyper top [PID] [--monitor ENDPOINT] [--window S] [--once]
 
 Without PID: the only process the monitor knows, or a list to choose from.
+Ends on Ctrl-C or SIGTERM; outside a terminal (piped, under a supervisor)
+it then writes the last view it showed.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import time
+from types import FrameType
 from typing import Any
 
 from rich.console import Console
@@ -60,8 +64,14 @@ def _sessions_table(sessions: list[dict[str, Any]]) -> Table:
     return table
 
 
+def _interrupt(_sig: int, _frame: FrameType | None) -> None:
+    # As Ctrl-C does: the live view stops and, outside a terminal, writes its last frame.
+    raise KeyboardInterrupt
+
+
 def run(args: argparse.Namespace) -> int:
     console = Console()
+    signal.signal(signal.SIGTERM, _interrupt)
     with MonitorClient(args.monitor) as client:
         try:
             pid = args.pid

@@ -123,6 +123,8 @@ class Dashboard:
         #: (session key, window text) -> (reports when made, diagnosis JSON)
         self._diagnoses: dict[tuple[Any, str], tuple[int, dict[str, Any]]] = {}
         self._allowed_hosts: set[str] = set()
+        #: the proflets of the processes it attaches to (``dyper monitor --proflets``); None: the agent's default
+        self.proflets: tuple[str, ...] | None = None
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -427,7 +429,7 @@ class Dashboard:
                     # An agent that streams elsewhere (another monitor, `dyper run`'s own):
                     # it cannot be re-pointed, so it goes and one that streams here comes.
                     await asyncio.to_thread(detach, pid)
-                await asyncio.to_thread(attach, pid, self.monitor.local_endpoint, budget)
+                await asyncio.to_thread(attach, pid, self.monitor.local_endpoint, budget, proflets=self.proflets)
                 if not await self._wait(lambda: self._monitored(pid), ATTACH_WAIT_S):
                     raise BadRequest(f"the agent started in {pid} but has not reported to this monitor yet")
                 return _json({"ok": True, "message": f"attached to {pid} at {100 * budget:g}% budget"})
