@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import REPO, TARGETS, wait_for
+from tests.factories import REPO, TARGETS, wait_for
 
 SAMPLER = "dyper-sampler"
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import dyper
+from tests.factories import dyper
 
 pytestmark = [
     pytest.mark.timeout(180),
