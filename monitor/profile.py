@@ -265,6 +265,8 @@ def process_info(session: Session) -> dict[str, Any]:
         "costs": dict(session.costs),
         "dropped": _sum_dropped(session),
         "paused": session.paused,
+        # which stack sampler ran and why ({name, why}; None: the agent did not say)
+        "sampler": session.sampler(),
         # the whole-run statistics start here (dyper reset, agent.reset); None: never reset
         "reset_t": session.reset_t,
         # [wall time, name, kind] of the newest marks (agent.mark, pause, resume, reset)

@@ -48,6 +48,7 @@ def report_of(profile: Profile) -> dict[str, Any]:
         "duration_s": p.get("duration_s"),
         "samples": p.get("samples"),
         "paused": bool(p.get("paused")),
+        "sampler": p.get("sampler"),
         "reset_t": p.get("reset_t"),
         "marks": [{"t": m[0], "name": m[1], "kind": m[2]} for m in p.get("marks") or ()],
         "triggers": list(p.get("triggers") or ()),

@@ -153,6 +153,8 @@ class AgentState:
     proflets: dict[str, protocol.ProfletState] = field(default_factory=dict)
     #: sampling and detailing paused (dyper pause, agent.pause)
     paused: bool = False
+    #: which stack sampler runs and why ({name: "native" or "gil", why}), as the agent last said; None: not said
+    sampler: dict[str, str] | None = None
 
     def forget_stacks(self) -> None:
         self.stacks.clear()
@@ -357,8 +359,18 @@ class Session:
         state.last_seen = time.time()
         state.budget = float(hello["budget"])
         state.attach_token = hello.get("attach_token")
+        if (sampler := hello.get("sampler")) is not None:
+            state.sampler = dict(sampler)
         self.hello = hello
         return state
+
+    def sampler(self) -> dict[str, str] | None:
+        """Which stack sampler the process's newest agent runs, and why (None: its agent does not say)."""
+        live = [a for a in self.agents.values() if a.connected] or list(self.agents.values())
+        for state in reversed(live):
+            if state.sampler is not None:
+                return dict(state.sampler)
+        return None
 
     def add_trigger(self, event: protocol.TriggerEvent) -> dict[str, Any]:
         """Keep a trigger event (checked by the protocol), numbered, with its window and a normal one to compare.
@@ -452,6 +464,8 @@ class Session:
         twice = len({code >> 3 for code in by_code}) < len(by_code)
         at: dict[int, int] = {}
 
+        if (sampler := report.get("sampler")) is not None:
+            state.sampler = dict(sampler)
         for event in report.get("triggers") or ():
             self.add_trigger(event)
         marks = report.get("marks") or ()

@@ -38,6 +38,7 @@ def session_info(session: Session) -> dict[str, Any]:
         "python": session.hello.get("python", ""),
         "connected": session.connected,
         "paused": session.paused,
+        "sampler": session.sampler(),
         "samples": session.samples,
         "reports": session.reports,
         "budget": session.budget(),
@@ -204,7 +205,8 @@ def render_top(view: dict[str, Any], title: str | None = None) -> Group:
         f"[bold]dyper[/]{who} pid {info['pid']} {state}  [dim]{argv[:80]}[/]\n"
         f"samples {info['samples']:,}  ({view['samples_per_s']:.0f}/s)   "
         f"overhead [bold]{100 * info['overhead']:.2f}%[/] of budget {100 * info['budget']:.2f}%   "
-        f"cpu samples {view['cpu_samples']:,} / wall {view['wall_samples']:,}"
+        f"cpu samples {view['cpu_samples']:,} / wall {view['wall_samples']:,}   "
+        f"sampler {(info.get('sampler') or {}).get('name', 'unknown')}"
     )
     spend = info.get("spending")
     if spend:

@@ -123,6 +123,12 @@ def render(report: dict[str, Any], console: Console, limit: int = 20) -> None:
         )
         + ("  [yellow]paused[/]" if p.get("paused") else "")
     )
+    sampler = p.get("sampler") or {}
+    console.print(
+        f"[dim]stacks sampled by the {sampler.get('name', 'unknown')} sampler"
+        + (f" ({sampler['why']})" if sampler.get("why") else "")
+        + "[/]"
+    )
     if p.get("tag") is not None:
         console.print(f"only the samples inside tag [bold]{p['tag']}[/] ({num(p.get('tag_samples'))} samples)")
     if p.get("reset_t") is not None:

@@ -445,6 +445,7 @@
         h("div", { class: "legend", text: "hue: is there a problem (green none, red yes) · brightness: how sure" })),
       h("div", { class: "card span-4", id: "budget-card" }, h("h2", { text: "Overhead budget" }),
         h("div", null, h("span", { class: "big", id: "budget-now" }), h("span", { class: "dim", id: "budget-spent" })),
+        h("div", { class: "dim", id: "sampler-now" }),
         h("div", { class: "budget-row" }, range, number, h("span", { class: "dim", text: "%" }),
           h("button", { class: "btn primary", id: "budget-set", text: "Set", onclick: setBudget })),
         h("div", { class: "budget-row" },
@@ -650,6 +651,9 @@
     document.getElementById("budget-now").textContent = pct(info.budget, 1).replace(/\.0%$/, "%");
     var now = 0; Object.keys(sp.now || {}).forEach(function (k) { now += sp.now[k]; });
     document.getElementById("budget-spent").textContent = "  spent now " + pct(now) + " · whole run " + pct(info.overhead);
+    var sampler = info.sampler || {}, samplerNow = document.getElementById("sampler-now");
+    samplerNow.textContent = "stacks sampled by the " + (sampler.name || "unknown") + " sampler";
+    samplerNow.title = sampler.why || "the agent does not say which sampler it runs";
     var input = document.getElementById("budget-input"), range = document.getElementById("budget-range");
     if (document.activeElement !== input && document.activeElement !== range && !input.getAttribute("data-touched")) {
       input.value = +(100 * info.budget).toPrecision(3);
