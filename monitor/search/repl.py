@@ -29,8 +29,10 @@ Commands (``help`` lists them too)::
 
 Every summary printed is numbered, from 0 in each listing; ``select N`` refers
 to the last listing. Numbers are sample counts (cpu or wall samples, or the
-counts of a collapsed file); percentages are of the profile's total (of A minus
-B when comparing, so they may be negative).
+counts of a collapsed file); percentages are of the profile's total. When
+comparing they may be negative: normalised (the default), B's counts are scaled
+to A's total before the subtraction and percentages are of A's total, so that
+each is the difference of two shares; raw, they are of A minus B.
 
 Each command's result, as ``--json`` prints it (a list of these, one per command):
 
@@ -153,6 +155,9 @@ class SearchSession(Generic[S]):
         self.listing: list[_Entry] = []
         self.finished = False
         self._total = profile.total()
+        # A normalised comparative profile's total is about 0 (A less B scaled to A's total):
+        # its percentages are of A's total, which makes them differences of shares.
+        self._percent_total: int = getattr(profile, "percent_total", self._total)
         self._commands: dict[str, Callable[[list[str]], Result]] = {
             "suggester": self._cmd_suggester,
             "set": self._cmd_set,
@@ -208,7 +213,7 @@ class SearchSession(Generic[S]):
     # --- describing summaries ---------------------------------------------------------
 
     def _pct(self, value: int) -> float | None:
-        return None if self._total == 0 else round(100.0 * value / abs(self._total), 3)
+        return None if self._percent_total == 0 else round(100.0 * value / abs(self._percent_total), 3)
 
     def labels_of(self, summary: S) -> list[str]:
         path = self.profile.path_of(summary)

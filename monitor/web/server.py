@@ -508,12 +508,15 @@ class Dashboard:
             tree = CallTreeProfile.from_profile(profile, metric, frame_key=key)
             if base is None:
                 return tree
-            return ComparativeProfile(tree, CallTreeProfile.from_profile(base, metric, frame_key=key))
+            # Normalised by total samples unless asked for raw counts: windows seldom have as many samples.
+            b = CallTreeProfile.from_profile(base, metric, frame_key=key)
+            return ComparativeProfile(tree, b, normalize=not body.get("raw"))
 
         tree = await asyncio.to_thread(build)
         described = {"source": f"pid {session.pid}", "window": window or "whole", "metric": metric}
         if base is not None:
             described["compare"] = body["base"]
+            described["normalization"] = tree.normalization
         search = _Search(SearchSession(tree, described), described)
         sid = secrets.token_hex(8)
         self._searches[sid] = search

@@ -848,7 +848,9 @@
       state.search = r;
       var d = r.described, src = document.getElementById("search-source");
       if (src) src.textContent = "searching " + (d.window === "whole" ? "the whole run" : "window " + d.window) +
-        (d.compare ? " minus window " + d.compare + " (comparative profile: values may be negative)" : "") +
+        (d.compare ? " minus window " + d.compare + " (comparative profile, " +
+          (d.normalization === "raw" ? "raw counts" : "normalised by total samples: percentages are differences of shares") +
+          "; values may be negative)" : "") +
         " · " + fmtInt(r.total) + " cpu samples · click a row to select it";
       return r;
     });
