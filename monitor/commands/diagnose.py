@@ -2,14 +2,18 @@
 
     dyper diagnose SOURCE [--threshold 5%] [--json] [--window S] [--monitor ENDPOINT]
 
-In the line of Paradyn's Performance Consultant: CPU-bound, blocked on I/O,
-waiting on synchronisation and GC-bound are each tested on the whole program
-(as a share of the busy samples: every thread's samples, less those asleep in
-sleep()); a hypothesis that reaches the threshold is refined from the entry
-points down the call graph while a callee still reaches it. Functions costly
-in total but spread thin over many callers, which such a search misses, are
-looked for bottom-up. The answer is a ranked list of bottlenecks, with the
-search history: which hypotheses were tested where, passed or failed.
+In the line of Paradyn's Performance Consultant: CPU-bound, blocking the
+event loop, blocked on I/O, waiting on synchronisation and GC-bound are each
+tested on the whole program (as a share of the busy samples: every thread's
+samples, less those that wait by design: asleep in sleep(), an event loop idle
+in its selector, a thread joining others); a hypothesis that reaches the
+threshold is refined from the entry points down the call graph while a callee
+still reaches it. Bottom-up, each hot function is refined up its callers to
+what a person would change: the caller that holds most of it, or the routine
+many callers share, found once with its callers listed (BOTTLENECKS' path
+summaries). The answer is a ranked list of bottlenecks, each place once, each
+with one sentence of evidence, and the search history: which hypotheses were
+tested where, passed, failed or covered by a bottleneck ranked before.
 
 A SOURCE is a saved dyper profile (.json), a collapsed-stack file (its counts
 do not tell running from waiting: only where the samples are is tested), or
@@ -18,9 +22,11 @@ I/O is told from synchronisation by the call on the blocked line, read from
 the source files when they are at hand, else by the frames' names.
 
 --json prints {"bottlenecks": [{"path", "hypothesis", "share_pct", "kind",
-"evidence"}], "history": [{"step", "hypothesis", "path", "share_pct",
-"verdict", "parent", "note"}], "threshold_pct", "total_samples", "shares_pct",
-"notes"}; paths are frames, outermost first.
+"evidence", "callers": [{"name", "share_pct"}], "tree_path"}], "history":
+[{"step", "hypothesis", "path", "share_pct", "verdict", "parent", "note"}],
+"threshold_pct", "total_samples", "shares_pct", "notes"}; paths are frames,
+outermost first; tree_path is the heaviest path from a root of the call tree
+to the bottleneck.
 """
 
 from __future__ import annotations
@@ -180,7 +186,13 @@ def render(result: Diagnosis, label: str) -> RenderableType:
     return Group(*parts)
 
 
-_VERDICT_STYLE = {"passed": "bold red", "failed": "green", "untestable": "yellow", "ignored": "dim"}
+_VERDICT_STYLE = {
+    "passed": "bold red",
+    "failed": "green",
+    "untestable": "yellow",
+    "ignored": "dim",
+    "covered": "dim",
+}
 
 
 def _history_tree(history: list[dict[str, Any]]) -> Tree:
