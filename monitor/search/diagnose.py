@@ -136,6 +136,7 @@ _LOOP_CALLBACK = frozenset({"Handle._run"})
 _JOIN = frozenset({"Thread.join", "Thread._wait_for_tstate_lock"})
 #: Comprehensions and generator expressions are charged to the function that holds them.
 _INLINE = ("<genexpr>", "<listcomp>", "<dictcomp>", "<setcomp>")
+_INLINE_SUFFIX = re.compile(r"\.<locals>\.<(?:genexpr|listcomp|dictcomp|setcomp)>$")
 
 _SLEEP_EXACT = frozenset({"nanosleep", "usleep", "pause"})
 _SLEEP_PREFIX = ("sleep",)
@@ -762,11 +763,30 @@ class _Search:
         self.history.append(step)
         if not passed:
             return
-        for site in (gc.get("pauses_by_site") or ())[:3]:
-            site_share = share * float(site.get("pause_pct") or 0.0) / 100.0
-            name = f"{site.get('function')} ({site.get('file')})"
-            self.history.append(Step(self.next_step(), "gc", (name,), site_share, "passed", step.step, "GC site"))
-            if site_share >= self.threshold:
+        # Sites by function (a comprehension's by the function that holds it), as the call trees name them.
+        by_function: dict[str, list[dict[str, Any]]] = {}
+        for site in gc.get("pauses_by_site") or ():
+            function = _INLINE_SUFFIX.sub("", str(site.get("function")))
+            by_function.setdefault(f"{function} ({site.get('file')})", []).append(site)
+        ranked = sorted(by_function.items(), key=lambda kv: -sum(float(x.get("pause_pct") or 0) for x in kv[1]))
+        for name, sites in ranked[:5]:
+            pct = sum(float(x.get("pause_pct") or 0.0) for x in sites)
+            site_share = share * pct / 100.0
+            passed_here = site_share >= self.threshold
+            self.history.append(
+                Step(
+                    self.next_step(),
+                    "gc",
+                    (name,),
+                    site_share,
+                    "passed" if passed_here else "failed",
+                    step.step,
+                    "allocations that triggered collections",
+                )
+            )
+            if passed_here:
+                worst = max(sites, key=lambda x: float(x.get("pause_pct") or 0))
+                where = f"{os.path.basename(str(worst.get('file')))}:{worst.get('line')}"
                 self.add(
                     Bottleneck(
                         "gc",
@@ -774,8 +794,7 @@ class _Search:
                         site_share,
                         "gc",
                         f"garbage collection paused the program {_pct(share)} of the time ({collections:,} "
-                        f"collections), {float(site.get('pause_pct') or 0):.0f}% of it triggered by allocations "
-                        f"in {site.get('function')} ({os.path.basename(str(site.get('file')))}:{site.get('line')})",
+                        f"collections), {pct:.0f}% of it triggered by allocations in {_function(name)} ({where})",
                     )
                 )
 
@@ -838,6 +857,20 @@ class _Search:
             return 0 if b.kind == "spread" or len(b.path) > 1 else 2
         return 1
 
+    def _explained_by_gc(self) -> set[int]:
+        """CPU bottlenecks whose function is a GC site that paused the program at least half as long.
+
+        The collector runs on the thread whose allocation triggered it, so its
+        pauses are sampled as that function's CPU time: the fix is to allocate
+        (or keep) fewer objects there, which the gc bottleneck says.
+        """
+        sites = {_function(b.path[0]): b.share for b in self.found if b.kind == "gc" and b.path}
+        return {
+            i
+            for i, b in enumerate(self.found)
+            if b.hypothesis == "cpu" and b.path and sites.get(_function(b.path[-1]), 0.0) >= 0.5 * b.share
+        }
+
     def finish(self, notes: list[str]) -> Diagnosis:
         if self.truncated:
             notes = [*notes, f"the search stopped after {MAX_STEPS} steps: raise the threshold"]
@@ -848,7 +881,23 @@ class _Search:
         # (of the same hypothesis).
         candidates = sorted(range(len(self.found)), key=lambda i: (self._precedence(i), -self.found[i].share, i))
         kept: list[int] = []
+        explained = self._explained_by_gc()
         for i in candidates:
+            if i in explained:
+                b = self.found[i]
+                self.history.append(
+                    Step(
+                        self.next_step(),
+                        b.hypothesis,
+                        b.path,
+                        b.share,
+                        "covered",
+                        None,
+                        f"{b.kind} at {_function(b.path[-1])}: most of it is the garbage collection its "
+                        "allocations trigger, ranked as gc",
+                    )
+                )
+                continue
             b = self.found[i]
             mine = self.covers.get(i)
             same = None
