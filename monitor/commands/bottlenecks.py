@@ -68,6 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(see dyper export -h)",
     )
     add_view_argument(parser)
+    # Unset, the metric follows the view: cpu for threads, wall for tasks (waiting tasks are its point).
+    parser.set_defaults(metric=None)
     add_monitor_argument(parser, ", for PIDs")
 
 
@@ -117,9 +119,14 @@ def read_source(
             except ValueError as exc:
                 raise CliError(f"{text} is not JSON: {exc}") from None
             try:
-                return Source(text, "profile", profile=Profile.from_json(data, text))
+                profile = Profile.from_json(data, text)
             except ValueError as exc:
                 raise CliError(str(exc)) from None
+            if view == "tasks":
+                from dyper.monitor.commands.export import saved_task_view
+
+                return Source(f"{text} (task view)", "profile", profile=saved_task_view(profile, text))
+            return Source(text, "profile", profile=profile)
         tree = CallTreeProfile.from_collapsed(content, frame_key="frame" if lines else "function")
         stats = tree.collapsed_stats
         if stats is not None and stats.malformed:
@@ -151,6 +158,8 @@ def read_source(
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.metric is None:
+        args.metric = "wall" if args.view == "tasks" else "cpu"
     pids = [s for s in (args.source, args.compare) if s is not None and not os.path.exists(s)]
     if args.window and not pids:
         raise CliError("--window applies to a PID source")

@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,7 +32,7 @@ PROFLETS = {"gc": "cpu,tasks,memory"}
 
 
 @pytest.fixture(scope="module")
-def diagnosed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict[str, Any]]]:
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
     out = tmp_path_factory.mktemp("planted")
     profiles = {mode: out / f"{mode}.json" for mode in MODES}
     procs = {}
@@ -58,7 +59,12 @@ def diagnosed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, di
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
-    yield {mode: json.loads(dyper("diagnose", str(p), "--json", check=True).stdout) for mode, p in profiles.items()}
+    yield profiles
+
+
+@pytest.fixture(scope="module")
+def diagnosed(recorded: dict[str, Path]) -> dict[str, dict[str, Any]]:
+    return {mode: json.loads(dyper("diagnose", str(p), "--json", check=True).stdout) for mode, p in recorded.items()}
 
 
 def functions(path: list[str]) -> list[str]:
@@ -117,3 +123,11 @@ def test_a_gc_heavy_allocator_is_gc(diagnosed: dict[str, dict[str, Any]]) -> Non
 def test_a_slow_socket_peer_is_io(diagnosed: dict[str, dict[str, Any]]) -> None:
     top = first(diagnosed["socket"])
     assert top["hypothesis"] == "io" and functions(top["path"])[-1] == "fetch", top
+
+
+def test_the_saved_profile_gives_the_task_view(recorded: dict[str, Path]) -> None:
+    out = dyper("export", str(recorded["loop"]), "--view", "tasks", "-o", "-", "--format", "collapsed", check=True)
+    # wall by default: the handlers awaiting I/O are there, and so is the task that blocks the loop
+    stacks = [line.rsplit(" ", 1)[0] for line in out.stdout.splitlines()]
+    assert any(s.startswith("handle_request (") for s in stacks), out.stdout
+    assert any("compress_blocking (" in s for s in stacks), out.stdout

@@ -211,7 +211,7 @@ def run_gc(until: float) -> None:
 # --- socket ---------------------------------------------------------------------------------
 
 
-#: The peer: another process (not profiled), answering each request after 20 ms.
+#: The peer: another process (not profiled), answering each request after 50 ms.
 PEER = """
 import socket, sys, time
 conn = socket.socket(fileno=int(sys.argv[1]))
@@ -219,7 +219,7 @@ while True:
     data = conn.recv(64)
     if not data:
         break
-    time.sleep(0.02)
+    time.sleep(0.05)
     conn.sendall(data)
 """
 
@@ -239,7 +239,7 @@ def run_socket(until: float) -> None:
     try:
         while time.monotonic() < until:
             fetch(mine)
-            crunch(100000)
+            crunch(50000)
     finally:
         mine.close()
         peer.wait(10)
