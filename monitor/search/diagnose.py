@@ -476,10 +476,16 @@ def diagnose_tree(tree: CallTreeProfile, threshold: float = DEFAULT_THRESHOLD) -
 
     The counts do not say whether a thread ran or waited, so ``cpu``, ``io``,
     ``sync`` and ``wait`` are untestable; ``samples`` takes their place.
+    Comprehensions are charged to the function that holds them, as in :func:`diagnose`.
     """
     _check_threshold(threshold)
+    stacks = tree.stacks()
+    if any(_function(name).endswith(_INLINE) for path, _ in stacks for name in path):
+        folded = [(tuple(n for n in path if not _function(n).endswith(_INLINE)) or path[:1], c) for path, c in stacks]
+        tree = CallTreeProfile.from_stacks(folded)
+        stacks = tree.stacks()
     search = _Search(threshold, tree.total(), _label_is_library)
-    search.hypothesis("samples", tree, StackSet(tree.stacks()))
+    search.hypothesis("samples", tree, StackSet(stacks))
     for h in ("cpu", "io", "sync", "wait"):
         search.history.append(
             Step(

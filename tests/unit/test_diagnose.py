@@ -301,3 +301,22 @@ def test_collapsed_tree_tests_only_where_the_samples_are() -> None:
 def test_classify_wait(frames: list[tuple[str, str]], line: str, kind: str) -> None:
     stack = [Frame(file, name, 1, 5) for name, file in frames]
     assert classify_wait(stack, lambda f, n: line) == kind
+
+
+def test_comprehensions_are_charged_to_the_function_that_holds_them() -> None:
+    tree = CallTreeProfile.from_collapsed(
+        "main;build;build.<locals>.<listcomp>;Node.__init__ 50\n"
+        "main;build;build.<locals>.<listcomp> 30\n"
+        "main;other 20\n"
+    )
+    d = diagnose_tree(tree)
+    assert [(b.path, b.share) for b in d.bottlenecks] == [
+        (("main", "build", "Node.__init__"), 0.5),
+        (("main", "build"), 0.3),
+        (("main", "other"), 0.2),
+    ]
+    b = Builder()
+    b.add(1, ["main", "normalize", "normalize.<locals>.<genexpr>"], 80, 80)
+    b.add(1, ["main", "other"], 20, 20)
+    first = diagnose(b.profile()).bottlenecks[0]
+    assert first.path == (label("main"), label("normalize")) and first.share == 0.8
