@@ -52,6 +52,7 @@ from dyper.monitor.commands.bottlenecks import read_source
 from dyper.monitor.consolidate import parse_threshold
 from dyper.monitor.search.diagnose import DESCRIPTIONS, Diagnosis, diagnose, diagnose_tree
 from dyper.monitor.search.repl import short_name
+from dyper.monitor.windows import WindowSpec
 
 NAME = "diagnose"
 
@@ -132,6 +133,25 @@ def _detail_cpu_bottlenecks(result: Diagnosis, pid: int, monitor: str, wait_s: f
     )
 
 
+def _proflet_sections(pid: int, monitor: str, window: WindowSpec | None) -> dict[str, Any]:
+    """The proflets' sections of a live process over the window (what a saved profile carries), or {}.
+
+    The diagnosis reads the tasks proflet's loop blocks and the memory
+    proflet's GC pauses from them; the monitor's report has them.
+    """
+    call: dict[str, Any] = {"pid": pid}
+    if window is not None:
+        call["window"] = window.to_json()
+    try:
+        with MonitorClient(monitor, timeout=30.0) as client:
+            report = client.call("report", **call)
+    except (MonitorUnreachable, MonitorRefused):
+        return {}
+    if not isinstance(report, dict):
+        return {}
+    return {k: report.get(v) or {} for k, v in (("status", "status"), ("results", "proflets"), ("off", "off"))}
+
+
 def _source_line(file: str, line: int) -> str:
     return linecache.getline(file, line)
 
@@ -140,6 +160,8 @@ def run(args: argparse.Namespace) -> int:
     if args.window and os.path.exists(args.source):
         raise CliError("--window applies to a PID source")
     source = read_source(args.source, monitor=args.monitor, window=args.window)
+    if source.kind == "pid" and source.profile is not None and not source.profile.proflets:
+        source.profile.proflets = _proflet_sections(int(args.source), args.monitor, args.window)
     if source.profile is not None:
         result = diagnose(source.profile, args.threshold, line_text=_source_line, charge_libraries=args.libraries)
     else:

@@ -329,7 +329,8 @@ class Dashboard:
         """The automated diagnosis (ranked bottlenecks and the search history) of the window."""
         from dyper.monitor.search.diagnose import diagnose
 
-        profile = await self._profile(session, self._window(window_text))
+        # With the proflets' sections: the loop blocks and GC pauses are evidence, as from a saved profile.
+        profile = await self._profile(session, self._window(window_text), proflets=True)
 
         def run() -> dict[str, Any]:
             return diagnose(profile, threshold, line_text=linecache.getline).to_json()
