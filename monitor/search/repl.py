@@ -41,7 +41,9 @@ Each command's result, as ``--json`` prints it (a list of these, one per command
 - a SUMMARY is ``{"n", "path", "base", "cum", "base_pct", "cum_pct", "labels"}``:
   ``n`` its number in this listing (absent when not numbered), ``path`` the
   frames outermost first, ``*_pct`` of ``total`` (``null`` when the total is 0),
-  ``labels`` the labels it carries;
+  ``labels`` the labels it carries; results with ``total`` have ``percent_of``
+  too when percentages are of another number (a normalised comparison: the
+  profile's total, the base scaled to it);
 - ``kind: "suggestions"`` (suggest): ``suggester``, ``total``, ``summaries``: [SUMMARY];
 - ``kind: "summary"`` (select, extend, trim, back, show, top/bottom/both with a
   current summary): ``total``; ``current``: SUMMARY without ``n``; ``overlaps``:
@@ -215,6 +217,10 @@ class SearchSession(Generic[S]):
     def _pct(self, value: int) -> float | None:
         return None if self._percent_total == 0 else round(100.0 * value / abs(self._percent_total), 3)
 
+    def _percent_of(self) -> Result:
+        """``{"percent_of": N}`` when percentages are not of ``total`` (a normalised comparison: of A's total)."""
+        return {} if self._percent_total == self._total else {"percent_of": self._percent_total}
+
     def labels_of(self, summary: S) -> list[str]:
         path = self.profile.path_of(summary)
         return [name for name, marked in self.labels.items() if any(self.profile.path_of(m) == path for m in marked)]
@@ -295,6 +301,7 @@ class SearchSession(Generic[S]):
         return {
             "kind": "summary",
             "total": self._total,
+            **self._percent_of(),
             "current": self.describe(s),
             "overlaps": overlaps,
             "nearby": self._numbered(self.nearby(s)),
@@ -360,6 +367,7 @@ class SearchSession(Generic[S]):
             "kind": "suggestions",
             "suggester": self.suggester,
             "total": self._total,
+            **self._percent_of(),
             "summaries": [self.describe(s, n) for n, s in enumerate(found)],
         }
 
@@ -441,7 +449,7 @@ class SearchSession(Generic[S]):
                 }
             )
         self.listing = entries
-        return {"kind": "labels", "total": self._total, "labels": out}
+        return {"kind": "labels", "total": self._total, **self._percent_of(), "labels": out}
 
     def _cmd_zoom(self, args: list[str]) -> Result:
         if len(args) > 1 or (args and args[0].lower() not in ("on", "off")):
@@ -609,6 +617,14 @@ def _path_text(path: Sequence[str]) -> str:
     return " > ".join(short_name(p) for p in path) if path else "(whole program)"
 
 
+def _total_text(result: Result, bare: bool = False) -> str:
+    """``total N``; for a normalised comparison, what its percentages are of."""
+    if "percent_of" in result:
+        text = f"{_num(result['percent_of'])}, the base scaled to that total"
+        return text if bare else f"% of {text}"
+    return _num(result["total"]) if bare else f"total {_num(result['total'])}"
+
+
 def _num(value: int) -> str:
     return f"{value:,}"
 
@@ -655,9 +671,7 @@ def render(result: Result) -> RenderableType:
     if kind == "suggestions":
         if not result["summaries"]:
             return Text(f"{result['suggester']}: no suggestions")
-        return _summary_table(
-            result["summaries"], f"{result['suggester']}: starting summaries (total {_num(result['total'])})"
-        )
+        return _summary_table(result["summaries"], f"{result['suggester']}: starting summaries ({_total_text(result)})")
     if kind == "summary":
         return _render_summary(result)
     if kind == "label":
@@ -706,7 +720,7 @@ def _render_summary(result: Result) -> RenderableType:
         head.append(f"  [{', '.join(cur['labels'])}]", style="magenta")
     head.append(
         f"\nbase {_num(cur['base'])} ({_pct_text(cur['base_pct'])})   cum {_num(cur['cum'])} "
-        f"({_pct_text(cur['cum_pct'])})   of {_num(result['total'])}"
+        f"({_pct_text(cur['cum_pct'])})   of {_total_text(result, bare=True)}"
     )
     parts: list[RenderableType] = [head]
     if result["overlaps"]:
