@@ -837,6 +837,17 @@ class _Search:
             lag = float(loop.get("lag_ms_p99") or 0.0)
             if loop.get("blocks") or not loop.get("lag_probes"):
                 continue
+            if lag >= threshold_ms:
+                # Many short callbacks, none long enough to be a block: the CPU-bound code they run is what
+                # the starved tasks wait behind.
+                for i, b in enumerate(self.found):
+                    where = b.tree_path or b.path
+                    if b.hypothesis == "cpu" and any(_function(p) in _LOOP_CALLBACK for p in where):
+                        self.found[i] = replace(
+                            b,
+                            evidence=f"{b.evidence}; it runs in the event loop's callbacks, and tasks wait their "
+                            f"turn up to {lag:.0f} ms (p99 lag of the loop in thread {loop.get('thread')})",
+                        )
             self.history.append(
                 Step(
                     self.next_step(),

@@ -320,3 +320,27 @@ def test_comprehensions_are_charged_to_the_function_that_holds_them() -> None:
     b.add(1, ["main", "other"], 20, 20)
     first = diagnose(b.profile()).bottlenecks[0]
     assert first.path == (label("main"), label("normalize")) and first.share == 0.8
+
+
+def test_a_loop_that_lags_without_blocks_starves_its_tasks() -> None:
+    b = Builder()
+    loop = [("BaseEventLoop.run_forever", "/usr/lib/python3.11/asyncio/base_events.py"),
+            ("BaseEventLoop._run_once", "/usr/lib/python3.11/asyncio/base_events.py"),
+            ("Handle._run", "/usr/lib/python3.11/asyncio/events.py")]  # fmt: skip
+    b.add(1, ["main", *loop, "handler", "render"], 80, 80)
+    b.add(1, ["main", *loop, "other"], 20, 20)
+    profile = b.profile()
+    profile.proflets = {
+        "results": {
+            "tasks": {
+                "loops": [{"thread": "MainThread", "blocks": 0, "lag_ms_p99": 250.0, "lag_probes": 30}],
+                "blocks": [],
+                "block_threshold_ms": 100.0,
+            }
+        }
+    }
+    d = diagnose(profile)
+    first = d.bottlenecks[0]
+    assert first.hypothesis == "cpu" and first.path[-1] == label("render")
+    assert "tasks wait their turn up to 250 ms" in first.evidence
+    assert step_at(d, "starved", ()).verdict == "passed"
