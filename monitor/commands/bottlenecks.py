@@ -84,6 +84,8 @@ class Source:
 
     #: multiplies the counts (a window sampled at another rate than the one it is compared with)
     scale: float = 1.0
+    #: brought to the sampling rate of what it is compared with (a trigger's window before the event)
+    per_second: bool = False
 
     def call_tree(
         self, metric: Literal["cpu", "wall"], *, lines: bool = False, libraries: bool = False
@@ -176,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
             )
             base = read_source(args.source, monitor=args.monitor, window=normal, lines=args.lines, view=args.view)
             base.label = f"pid {args.source} before trigger {args.trigger}"
+            base.per_second = True
             source.label = f"pid {args.source} trigger {args.trigger}"
             # The event ran at a raised budget, so it has more samples per second:
             # the normal window (as long) is brought to its rate before the difference.
@@ -198,12 +201,17 @@ def _search(args: argparse.Namespace, source: Source, base: Source | None) -> in
     profile: ProfileInterface[Any] = tree
     described: dict[str, Any] = {"source": source.label, "metric": args.metric, "lines": args.lines}
     if base is not None:
+        # A trigger's event against the window before it is brought to the event's sampling rate (per
+        # second): what the event costs more is its point, which scaling to its total would hide.
+        per_second = base.per_second
         comparative = ComparativeProfile(
-            tree, base.call_tree(args.metric, lines=args.lines, libraries=args.libraries), normalize=not args.raw
+            tree,
+            base.call_tree(args.metric, lines=args.lines, libraries=args.libraries),
+            normalize=not args.raw and not per_second,
         )
         profile = comparative
         described["compare"] = base.label
-        described["normalization"] = comparative.normalization
+        described["normalization"] = "per second" if per_second and not args.raw else comparative.normalization
         if comparative.normalization != "raw":
             described["scale"] = round(comparative.b_scale, 6)
     elif tree.total() == 0:
@@ -241,6 +249,8 @@ def _search(args: argparse.Namespace, source: Source, base: Source | None) -> in
 def _normalization_text(described: dict[str, Any]) -> str:
     if described.get("normalization") == "raw":
         return "raw counts subtracted; percentages of the difference's total"
+    if described.get("normalization") == "per second":
+        return "normalised per second: the window before the event at the event's sampling rate"
     return (
         f"normalised by total samples: the base's counts x{described.get('scale', 1.0):g}, "
         "percentages are differences of shares"
