@@ -35,6 +35,10 @@ REFRESH_S = 1.0
 #: With no agent heard from and no Python process in sight this long, the view says the program may not be Python.
 NOT_PYTHON_NOTE_S = 5.0
 
+#: The key of a saved profile's proflet sections that holds its task view (a profile's JSON), when the
+#: program showed asyncio tasks: what `dyper export FILE --view tasks` reads.
+TASK_VIEW = "task_view"
+
 
 class Target(Protocol):
     pid: int
@@ -110,6 +114,10 @@ async def profile_target(
         service = service_of(monitor.sessions.values(), session)
         # A pre-fork server: the master and its workers, merged (the master alone is mostly idle).
         profile = build_profile(service) if len(service.members) > 1 else build_profile(session, proflets=True)
+        if len(service.members) == 1:
+            # A saved profile carries its task view too: `dyper export FILE --view tasks` reads it.
+            with contextlib.suppress(ValueError):
+                profile.proflets[TASK_VIEW] = build_profile(session, view="tasks").to_json()
         return target, profile
     finally:
         with contextlib.suppress(Exception):

@@ -8,7 +8,10 @@ A SOURCE (and BASE) is a saved dyper profile (.json), a collapsed-stack file
 is not a file) the id of a process a standing monitor knows: its whole run, or
 a --window of it: the last N seconds, or START:END, older parts read from the
 monitor's history (see `dyper export -h`). With --compare the search runs on SOURCE minus BASE:
-what costs more in SOURCE than in BASE.
+what costs more in SOURCE than in BASE, normalised by total samples (BASE's
+counts scaled to SOURCE's total, so that each percentage is SOURCE's share
+less BASE's share, as pprof's -normalize does); --raw subtracts the counts as
+they are.
 
 Without -c, an interactive prompt (type help); with -c the commands, separated
 by `;`, run in order and the command exits (1 if one of them failed). With
@@ -42,6 +45,11 @@ NAME = "bottlenecks"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", metavar="SOURCE", help="a profile file (.json, collapsed) or a PID")
     parser.add_argument("--compare", metavar="BASE", help="search SOURCE minus BASE (a file or a PID)")
+    parser.add_argument(
+        "--raw",
+        action="store_true",
+        help="with --compare: subtract raw counts instead of normalising by total samples",
+    )
     parser.add_argument("-c", "--commands", metavar="CMDS", help="run these commands (separated by ;) and exit")
     parser.add_argument("--json", action="store_true", help="print the commands' results as one JSON list")
     add_metric_arguments(parser, note="; collapsed files carry one count")
@@ -60,6 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(see dyper export -h)",
     )
     add_view_argument(parser)
+    # Unset, the metric follows the view: cpu for threads, wall for tasks (waiting tasks are its point).
+    parser.set_defaults(metric=None)
     add_monitor_argument(parser, ", for PIDs")
 
 
@@ -74,6 +84,8 @@ class Source:
 
     #: multiplies the counts (a window sampled at another rate than the one it is compared with)
     scale: float = 1.0
+    #: brought to the sampling rate of what it is compared with (a trigger's window before the event)
+    per_second: bool = False
 
     def call_tree(
         self, metric: Literal["cpu", "wall"], *, lines: bool = False, libraries: bool = False
@@ -109,9 +121,14 @@ def read_source(
             except ValueError as exc:
                 raise CliError(f"{text} is not JSON: {exc}") from None
             try:
-                return Source(text, "profile", profile=Profile.from_json(data, text))
+                profile = Profile.from_json(data, text)
             except ValueError as exc:
                 raise CliError(str(exc)) from None
+            if view == "tasks":
+                from dyper.monitor.commands.export import saved_task_view
+
+                return Source(f"{text} (task view)", "profile", profile=saved_task_view(profile, text))
+            return Source(text, "profile", profile=profile)
         tree = CallTreeProfile.from_collapsed(content, frame_key="frame" if lines else "function")
         stats = tree.collapsed_stats
         if stats is not None and stats.malformed:
@@ -143,6 +160,8 @@ def read_source(
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.metric is None:
+        args.metric = "wall" if args.view == "tasks" else "cpu"
     pids = [s for s in (args.source, args.compare) if s is not None and not os.path.exists(s)]
     if args.window and not pids:
         raise CliError("--window applies to a PID source")
@@ -159,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
             )
             base = read_source(args.source, monitor=args.monitor, window=normal, lines=args.lines, view=args.view)
             base.label = f"pid {args.source} before trigger {args.trigger}"
+            base.per_second = True
             source.label = f"pid {args.source} trigger {args.trigger}"
             # The event ran at a raised budget, so it has more samples per second:
             # the normal window (as long) is brought to its rate before the difference.
@@ -181,8 +201,19 @@ def _search(args: argparse.Namespace, source: Source, base: Source | None) -> in
     profile: ProfileInterface[Any] = tree
     described: dict[str, Any] = {"source": source.label, "metric": args.metric, "lines": args.lines}
     if base is not None:
-        profile = ComparativeProfile(tree, base.call_tree(args.metric, lines=args.lines, libraries=args.libraries))
+        # A trigger's event against the window before it is brought to the event's sampling rate (per
+        # second): what the event costs more is its point, which scaling to its total would hide.
+        per_second = base.per_second
+        comparative = ComparativeProfile(
+            tree,
+            base.call_tree(args.metric, lines=args.lines, libraries=args.libraries),
+            normalize=not args.raw and not per_second,
+        )
+        profile = comparative
         described["compare"] = base.label
+        described["normalization"] = "per second" if per_second and not args.raw else comparative.normalization
+        if comparative.normalization != "raw":
+            described["scale"] = round(comparative.b_scale, 6)
     elif tree.total() == 0:
         raise CliError(f"{source.label} has no {args.metric} samples")
     session: SearchSession[Any] = SearchSession(profile, described)
@@ -201,8 +232,26 @@ def _search(args: argparse.Namespace, source: Source, base: Source | None) -> in
                 console.print(render(r))
     else:
         what = f"{source.label} minus {described['compare']}" if "compare" in described else source.label
+        if "compare" in described:
+            what += f" ({_normalization_text(described)})"
         console.print(f"[bold]dyper bottlenecks[/]: {what}, total {profile.total():,} samples; type help")
         results = prompt_loop(session, console, emit=(lambda r: None) if args.json else None)
     if args.json:
+        if "compare" in described:
+            # Each result says how its numbers were made (the --json list keeps its shape).
+            results = [{**r, "normalization": described["normalization"]} if r["ok"] else r for r in results]
         print(json.dumps(results))
+    elif "compare" in described and args.commands is not None:
+        console.print(f"[dim]{source.label} minus {described['compare']}: {_normalization_text(described)}[/]")
     return 0 if all(r["ok"] for r in results) else 1
+
+
+def _normalization_text(described: dict[str, Any]) -> str:
+    if described.get("normalization") == "raw":
+        return "raw counts subtracted; percentages of the difference's total"
+    if described.get("normalization") == "per second":
+        return "normalised per second: the window before the event at the event's sampling rate"
+    return (
+        f"normalised by total samples: the base's counts x{described.get('scale', 1.0):g}, "
+        "percentages are differences of shares"
+    )

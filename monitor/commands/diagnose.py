@@ -2,14 +2,18 @@
 
     dyper diagnose SOURCE [--threshold 5%] [--json] [--window S] [--monitor ENDPOINT]
 
-In the line of Paradyn's Performance Consultant: CPU-bound, blocked on I/O,
-waiting on synchronisation and GC-bound are each tested on the whole program
-(as a share of the busy samples: every thread's samples, less those asleep in
-sleep()); a hypothesis that reaches the threshold is refined from the entry
-points down the call graph while a callee still reaches it. Functions costly
-in total but spread thin over many callers, which such a search misses, are
-looked for bottom-up. The answer is a ranked list of bottlenecks, with the
-search history: which hypotheses were tested where, passed or failed.
+In the line of Paradyn's Performance Consultant: CPU-bound, blocking the
+event loop, blocked on I/O, waiting on synchronisation and GC-bound are each
+tested on the whole program (as a share of the busy samples: every thread's
+samples, less those that wait by design: asleep in sleep(), an event loop idle
+in its selector, a thread joining others); a hypothesis that reaches the
+threshold is refined from the entry points down the call graph while a callee
+still reaches it. Bottom-up, each hot function is refined up its callers to
+what a person would change: the caller that holds most of it, or the routine
+many callers share, found once with its callers listed (BOTTLENECKS' path
+summaries). The answer is a ranked list of bottlenecks, each place once, each
+with one sentence of evidence, and the search history: which hypotheses were
+tested where, passed, failed or covered by a bottleneck ranked before.
 
 A SOURCE is a saved dyper profile (.json), a collapsed-stack file (its counts
 do not tell running from waiting: only where the samples are is tested), or
@@ -18,9 +22,11 @@ I/O is told from synchronisation by the call on the blocked line, read from
 the source files when they are at hand, else by the frames' names.
 
 --json prints {"bottlenecks": [{"path", "hypothesis", "share_pct", "kind",
-"evidence"}], "history": [{"step", "hypothesis", "path", "share_pct",
-"verdict", "parent", "note"}], "threshold_pct", "total_samples", "shares_pct",
-"notes"}; paths are frames, outermost first.
+"evidence", "callers": [{"name", "share_pct"}], "tree_path"}], "history":
+[{"step", "hypothesis", "path", "share_pct", "verdict", "parent", "note"}],
+"threshold_pct", "total_samples", "shares_pct", "notes"}; paths are frames,
+outermost first; tree_path is the heaviest path from a root of the call tree
+to the bottleneck.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from dyper.monitor.commands.bottlenecks import read_source
 from dyper.monitor.consolidate import parse_threshold
 from dyper.monitor.search.diagnose import DESCRIPTIONS, Diagnosis, diagnose, diagnose_tree
 from dyper.monitor.search.repl import short_name
+from dyper.monitor.windows import WindowSpec
 
 NAME = "diagnose"
 
@@ -126,6 +133,25 @@ def _detail_cpu_bottlenecks(result: Diagnosis, pid: int, monitor: str, wait_s: f
     )
 
 
+def _proflet_sections(pid: int, monitor: str, window: WindowSpec | None) -> dict[str, Any]:
+    """The proflets' sections of a live process over the window (what a saved profile carries), or {}.
+
+    The diagnosis reads the tasks proflet's loop blocks and the memory
+    proflet's GC pauses from them; the monitor's report has them.
+    """
+    call: dict[str, Any] = {"pid": pid}
+    if window is not None:
+        call["window"] = window.to_json()
+    try:
+        with MonitorClient(monitor, timeout=30.0) as client:
+            report = client.call("report", **call)
+    except (MonitorUnreachable, MonitorRefused):
+        return {}
+    if not isinstance(report, dict):
+        return {}
+    return {k: report.get(v) or {} for k, v in (("status", "status"), ("results", "proflets"), ("off", "off"))}
+
+
 def _source_line(file: str, line: int) -> str:
     return linecache.getline(file, line)
 
@@ -134,6 +160,8 @@ def run(args: argparse.Namespace) -> int:
     if args.window and os.path.exists(args.source):
         raise CliError("--window applies to a PID source")
     source = read_source(args.source, monitor=args.monitor, window=args.window)
+    if source.kind == "pid" and source.profile is not None and not source.profile.proflets:
+        source.profile.proflets = _proflet_sections(int(args.source), args.monitor, args.window)
     if source.profile is not None:
         result = diagnose(source.profile, args.threshold, line_text=_source_line, charge_libraries=args.libraries)
     else:
@@ -180,7 +208,13 @@ def render(result: Diagnosis, label: str) -> RenderableType:
     return Group(*parts)
 
 
-_VERDICT_STYLE = {"passed": "bold red", "failed": "green", "untestable": "yellow", "ignored": "dim"}
+_VERDICT_STYLE = {
+    "passed": "bold red",
+    "failed": "green",
+    "untestable": "yellow",
+    "ignored": "dim",
+    "covered": "dim",
+}
 
 
 def _history_tree(history: list[dict[str, Any]]) -> Tree:

@@ -1,7 +1,7 @@
 """Write a profile for another tool: speedscope, pprof, collapsed stacks, an HTML flame graph, or dyper's JSON.
 
     dyper export SOURCE -o FILE [--format FORMAT] [--last N | --window START:END]
-                 [--metric cpu|wall] [--libraries] [--monitor ENDPOINT]
+                 [--metric cpu|wall] [--view threads|tasks] [--libraries] [--monitor ENDPOINT]
 
 SOURCE is a saved dyper profile (.json), or (a number that is not a file)
 the id of a process a standing monitor knows: running now, or one it kept
@@ -24,6 +24,12 @@ FORMAT (default: from FILE's name):
     html        .html             a flame graph in one file: open it in a browser, offline
     json        .json             dyper's own profile, which every dyper command reads
 -o - writes to standard output.
+
+--view tasks gives the asyncio task view (each task's await chain is its
+stack; counts are ms of task time) of a PID, or of a profile saved by
+`dyper run -o`, which carries it when the program showed asyncio tasks. It
+is read with --metric wall unless told otherwise: waiting handlers are what
+it is for, and cpu would show only the running task.
 """
 
 from __future__ import annotations
@@ -87,6 +93,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_metric_arguments(parser, note=" (pprof and json carry both)")
     parser.add_argument("--tag", metavar="NAME", help="only the samples inside functions tagged NAME (agent.tag)")
     add_view_argument(parser)
+    # Unset, the metric follows the view: cpu for threads, wall for tasks (see run).
+    parser.set_defaults(metric=None)
     parser.add_argument(
         "--service",
         action="store_true",
@@ -139,7 +147,30 @@ def _exporter(args: argparse.Namespace) -> Exporter:
         raise CliError(f"{exc}, or give --format", code=2) from None
 
 
+def saved_task_view(profile: Profile, source: str) -> Profile:
+    """The task view a saved profile carries (``dyper run -o`` writes it when the program showed asyncio tasks).
+
+    Raises :class:`CliError` when it has none.
+    """
+    from dyper.monitor.embedded import TASK_VIEW
+
+    data = profile.proflets.get(TASK_VIEW)
+    if not isinstance(data, dict):
+        raise CliError(
+            f"{source} carries no task view: the program showed no asyncio task, or the profile was written "
+            "by an older dyper (or exported from a PID: export that PID with --view tasks)",
+            code=2,
+        )
+    try:
+        return Profile.from_json(data, f"{source} (task view)")
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.metric is None:
+        # Tasks that wait are what the task view shows: with cpu, only the running one would.
+        args.metric = "wall" if args.view == "tasks" else "cpu"
     exporter = _exporter(args)
     spec = _spec(args)
     source = args.source
@@ -154,8 +185,6 @@ def run(args: argparse.Namespace) -> int:
         event, during, normal = event_windows(args.monitor, int(source), args.trigger)
         spec = normal if args.normal else during
     if os.path.exists(source):
-        if args.view == "tasks":
-            raise CliError("--view tasks needs a PID: a saved profile is one view already", code=2)
         if spec is not None:
             raise CliError(
                 "a saved profile has no time line: --last and --window need a PID (and, for old windows, "
@@ -167,6 +196,9 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise CliError(str(exc)) from None
         what = source
+        if args.view == "tasks":
+            profile = saved_task_view(profile, source)
+            what += ", task view (counts: ms of task time)"
     elif source.isdigit() and int(source) > 0:
         profile = _from_monitor(args, int(source), spec)
         what = ("the service of " if args.service else "") + f"pid {source}, "

@@ -679,6 +679,23 @@ class CallTreeProfile:
                 builder.add([builder.name_id(labels[i]) for i in frames], cost)
         return builder.finish()
 
+    def stacks(self) -> list[tuple[tuple[str, ...], int]]:
+        """The tree back as ``(frames root first, cost)`` pairs, one per node with a cost of its own."""
+        parent = self._parent.tolist()
+        name = self._name.tolist()
+        cost = self._cost.tolist()
+        paths: list[tuple[str, ...]] = []
+        out = []
+        # Nodes come after their parents (preorder), so a parent's path is known by the time a child asks.
+        roots = len(parent)  # the virtual root's number
+        for node in range(len(parent)):
+            up = parent[node]
+            path = (*(paths[up] if up != roots else ()), self.names[name[node]])
+            paths.append(path)
+            if cost[node] > 0:
+                out.append((path, int(cost[node])))
+        return out
+
     # --- size ------------------------------------------------------------------------
 
     @property

@@ -6,6 +6,14 @@ number is the single-tree number for A minus the one for B, so base and cum may
 be negative and cum may be below base: the paper exposes these paradoxes
 rather than hiding them, and so does this class. Subtrees of A and B are never
 matched to each other; only call sequences are, which is the paper's point.
+
+Two runs seldom have as many samples: one that ran 45% longer has 45% more of
+everything, and a raw difference then shows every function as slower. With
+``normalize=True`` (what the commands and the dashboard use unless asked for
+``--raw``) B's counts are brought to A's total before the subtraction, as
+pprof's ``-normalize`` does: each number is A's count minus B's count scaled
+by ``total(A) / total(B)``, so that a number divided by ``total(A)`` is the
+difference of the two shares (each side divided by its own total samples).
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from operator import sub
 from typing import Literal
 
 import numpy as np
+from numpy.typing import NDArray
 
 from dyper.monitor.search.calltree import CallTreeProfile, CallTreeSummary, ExtensionListing, _batch
 
@@ -53,12 +62,30 @@ class ComparativeProfile:
     #: adding a summary can lower |total_cum_of| (a negative difference)
     monotone = False
 
-    def __init__(self, a: CallTreeProfile, b: CallTreeProfile) -> None:
+    def __init__(self, a: CallTreeProfile, b: CallTreeProfile, *, normalize: bool = False) -> None:
         self.a = a
         self.b = b
+        #: ``"total samples"`` when B is brought to A's total before subtracting, else ``"raw"``
+        self.normalization = "total samples" if normalize else "raw"
+        #: what B's counts are multiplied by (1 when raw)
+        self.b_scale = a.total() / b.total() if normalize and b.total() > 0 else 1.0
+
+    def _b(self, value: int) -> int:
+        """One of B's counts, scaled to A's total when normalised."""
+        return value if self.b_scale == 1.0 else round(value * self.b_scale)
+
+    def _b_array(self, values: NDArray[np.int64]) -> NDArray[np.int64]:
+        if self.b_scale == 1.0:
+            return values
+        return np.rint(np.asarray(values, np.float64) * self.b_scale).astype(np.int64)
 
     def total(self) -> int:
-        return self.a.total() - self.b.total()
+        return self.a.total() - self._b(self.b.total())
+
+    @property
+    def percent_total(self) -> int:
+        """What percentages are of: A's total when normalised (they are then differences of shares), else A - B."""
+        return self.a.total() if self.normalization != "raw" else self.total()
 
     def clear_caches(self) -> None:
         """Forget what both sides have cached (what a benchmark of cold calls needs)."""
@@ -166,30 +193,30 @@ class ComparativeProfile:
 
     def base_of(self, summary: ComparativeSummary) -> int:
         a = self.a.base_of(summary.a) if summary.a is not None else 0
-        return a - (self.b.base_of(summary.b) if summary.b is not None else 0)
+        return a - (self._b(self.b.base_of(summary.b)) if summary.b is not None else 0)
 
     def cum_of(self, summary: ComparativeSummary) -> int:
         # Directly, not as total_cum_of((summary,)): zooming asks for thousands of these.
         a = self.a.cum_of(summary.a) if summary.a is not None else 0
-        return a - (self.b.cum_of(summary.b) if summary.b is not None else 0)
+        return a - (self._b(self.b.cum_of(summary.b)) if summary.b is not None else 0)
 
     def total_base_of(self, summaries: Iterable[ComparativeSummary]) -> int:
         summaries = list(summaries)
-        return self.a.total_base_of(_side(summaries, "a")) - self.b.total_base_of(_side(summaries, "b"))
+        return self.a.total_base_of(_side(summaries, "a")) - self._b(self.b.total_base_of(_side(summaries, "b")))
 
     def total_cum_of(self, summaries: Iterable[ComparativeSummary]) -> int:
         summaries = list(summaries)
-        return self.a.total_cum_of(_side(summaries, "a")) - self.b.total_cum_of(_side(summaries, "b"))
+        return self.a.total_cum_of(_side(summaries, "a")) - self._b(self.b.total_cum_of(_side(summaries, "b")))
 
     def total_cum_of_prefixes(self, summaries: Sequence[ComparativeSummary]) -> list[int]:
         a = _side_prefixes(self.a, [s.a for s in summaries])
         b = _side_prefixes(self.b, [s.b for s in summaries])
-        return [x - y for x, y in zip(a, b, strict=True)]
+        return [x - self._b(y) for x, y in zip(a, b, strict=True)]
 
     def iter_total_cum_of_prefixes(self, summaries: Sequence[ComparativeSummary]) -> Iterator[int]:
         """:meth:`total_cum_of_prefixes`, one total at a time, each side working out only what is asked for."""
         a = _side_iter(self.a, [s.a for s in summaries])
-        b = _side_iter(self.b, [s.b for s in summaries])
+        b = map(self._b, _side_iter(self.b, [s.b for s in summaries]))
         return map(sub, a, b)
 
     @staticmethod
@@ -228,7 +255,7 @@ class RankedComparison:
         if a is not None:
             cums[self._at_a] += profile.a._listing_cums(a)
         if b is not None:
-            cums[self._at_b] -= profile.b._listing_cums(b)
+            cums[self._at_b] -= profile._b_array(profile.b._listing_cums(b))
         # A stable sort: the union is in path order, so ties stay in it.
         self._order = np.argsort(-np.abs(cums), kind="stable")
         self.cums: list[int] = cums[self._order].tolist()
@@ -262,7 +289,9 @@ class RankedComparison:
                 if self._a is not None:
                     totals += self._profile.a._listing_prefix_totals(self._a, self._place[self._at_a], size)
                 if self._b is not None:
-                    totals -= self._profile.b._listing_prefix_totals(self._b, self._place[self._at_b], size)
+                    totals -= self._profile._b_array(
+                        self._profile.b._listing_prefix_totals(self._b, self._place[self._at_b], size)
+                    )
                 self._totals = totals.tolist()
             yield self._totals[i]
 

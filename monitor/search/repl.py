@@ -29,8 +29,10 @@ Commands (``help`` lists them too)::
 
 Every summary printed is numbered, from 0 in each listing; ``select N`` refers
 to the last listing. Numbers are sample counts (cpu or wall samples, or the
-counts of a collapsed file); percentages are of the profile's total (of A minus
-B when comparing, so they may be negative).
+counts of a collapsed file); percentages are of the profile's total. When
+comparing they may be negative: normalised (the default), B's counts are scaled
+to A's total before the subtraction and percentages are of A's total, so that
+each is the difference of two shares; raw, they are of A minus B.
 
 Each command's result, as ``--json`` prints it (a list of these, one per command):
 
@@ -39,7 +41,9 @@ Each command's result, as ``--json`` prints it (a list of these, one per command
 - a SUMMARY is ``{"n", "path", "base", "cum", "base_pct", "cum_pct", "labels"}``:
   ``n`` its number in this listing (absent when not numbered), ``path`` the
   frames outermost first, ``*_pct`` of ``total`` (``null`` when the total is 0),
-  ``labels`` the labels it carries;
+  ``labels`` the labels it carries; results with ``total`` have ``percent_of``
+  too when percentages are of another number (a normalised comparison: the
+  profile's total, the base scaled to it);
 - ``kind: "suggestions"`` (suggest): ``suggester``, ``total``, ``summaries``: [SUMMARY];
 - ``kind: "summary"`` (select, extend, trim, back, show, top/bottom/both with a
   current summary): ``total``; ``current``: SUMMARY without ``n``; ``overlaps``:
@@ -153,6 +157,9 @@ class SearchSession(Generic[S]):
         self.listing: list[_Entry] = []
         self.finished = False
         self._total = profile.total()
+        # A normalised comparative profile's total is about 0 (A less B scaled to A's total):
+        # its percentages are of A's total, which makes them differences of shares.
+        self._percent_total: int = getattr(profile, "percent_total", self._total)
         self._commands: dict[str, Callable[[list[str]], Result]] = {
             "suggester": self._cmd_suggester,
             "set": self._cmd_set,
@@ -208,7 +215,11 @@ class SearchSession(Generic[S]):
     # --- describing summaries ---------------------------------------------------------
 
     def _pct(self, value: int) -> float | None:
-        return None if self._total == 0 else round(100.0 * value / abs(self._total), 3)
+        return None if self._percent_total == 0 else round(100.0 * value / abs(self._percent_total), 3)
+
+    def _percent_of(self) -> Result:
+        """``{"percent_of": N}`` when percentages are not of ``total`` (a normalised comparison: of A's total)."""
+        return {} if self._percent_total == self._total else {"percent_of": self._percent_total}
 
     def labels_of(self, summary: S) -> list[str]:
         path = self.profile.path_of(summary)
@@ -290,6 +301,7 @@ class SearchSession(Generic[S]):
         return {
             "kind": "summary",
             "total": self._total,
+            **self._percent_of(),
             "current": self.describe(s),
             "overlaps": overlaps,
             "nearby": self._numbered(self.nearby(s)),
@@ -355,6 +367,7 @@ class SearchSession(Generic[S]):
             "kind": "suggestions",
             "suggester": self.suggester,
             "total": self._total,
+            **self._percent_of(),
             "summaries": [self.describe(s, n) for n, s in enumerate(found)],
         }
 
@@ -436,7 +449,7 @@ class SearchSession(Generic[S]):
                 }
             )
         self.listing = entries
-        return {"kind": "labels", "total": self._total, "labels": out}
+        return {"kind": "labels", "total": self._total, **self._percent_of(), "labels": out}
 
     def _cmd_zoom(self, args: list[str]) -> Result:
         if len(args) > 1 or (args and args[0].lower() not in ("on", "off")):
@@ -604,6 +617,14 @@ def _path_text(path: Sequence[str]) -> str:
     return " > ".join(short_name(p) for p in path) if path else "(whole program)"
 
 
+def _total_text(result: Result, bare: bool = False) -> str:
+    """``total N``; for a normalised comparison, what its percentages are of."""
+    if "percent_of" in result:
+        text = f"{_num(result['percent_of'])}, the base scaled to that total"
+        return text if bare else f"% of {text}"
+    return _num(result["total"]) if bare else f"total {_num(result['total'])}"
+
+
 def _num(value: int) -> str:
     return f"{value:,}"
 
@@ -650,9 +671,7 @@ def render(result: Result) -> RenderableType:
     if kind == "suggestions":
         if not result["summaries"]:
             return Text(f"{result['suggester']}: no suggestions")
-        return _summary_table(
-            result["summaries"], f"{result['suggester']}: starting summaries (total {_num(result['total'])})"
-        )
+        return _summary_table(result["summaries"], f"{result['suggester']}: starting summaries ({_total_text(result)})")
     if kind == "summary":
         return _render_summary(result)
     if kind == "label":
@@ -701,7 +720,7 @@ def _render_summary(result: Result) -> RenderableType:
         head.append(f"  [{', '.join(cur['labels'])}]", style="magenta")
     head.append(
         f"\nbase {_num(cur['base'])} ({_pct_text(cur['base_pct'])})   cum {_num(cur['cum'])} "
-        f"({_pct_text(cur['cum_pct'])})   of {_num(result['total'])}"
+        f"({_pct_text(cur['cum_pct'])})   of {_total_text(result, bare=True)}"
     )
     parts: list[RenderableType] = [head]
     if result["overlaps"]:

@@ -333,7 +333,8 @@ class Dashboard:
         """The automated diagnosis (ranked bottlenecks and the search history) of the window."""
         from dyper.monitor.search.diagnose import diagnose
 
-        profile = await self._profile(session, self._window(window_text))
+        # With the proflets' sections: the loop blocks and GC pauses are evidence, as from a saved profile.
+        profile = await self._profile(session, self._window(window_text), proflets=True)
 
         def run() -> dict[str, Any]:
             return diagnose(profile, threshold, line_text=linecache.getline).to_json()
@@ -512,12 +513,15 @@ class Dashboard:
             tree = CallTreeProfile.from_profile(profile, metric, frame_key=key)
             if base is None:
                 return tree
-            return ComparativeProfile(tree, CallTreeProfile.from_profile(base, metric, frame_key=key))
+            # Normalised by total samples unless asked for raw counts: windows seldom have as many samples.
+            b = CallTreeProfile.from_profile(base, metric, frame_key=key)
+            return ComparativeProfile(tree, b, normalize=not body.get("raw"))
 
         tree = await asyncio.to_thread(build)
         described = {"source": f"pid {session.pid}", "window": window or "whole", "metric": metric}
         if base is not None:
             described["compare"] = body["base"]
+            described["normalization"] = tree.normalization
         search = _Search(SearchSession(tree, described), described)
         sid = secrets.token_hex(8)
         self._searches[sid] = search

@@ -306,6 +306,11 @@ def test_diagnosis_with_history(dashboard):
     page.until("document.querySelector('[data-table=\"bottlenecks\"] tbody tr')", "ranked bottlenecks", timeout=40)
     page.until("document.querySelectorAll('ul.tree .verdict.passed').length > 0", "the search history")
     page.screenshot("diagnosis")
+    # A bottleneck opens the call tree zoomed on its path.
+    page.js("document.querySelector('[data-table=\"bottlenecks\"] tbody tr').click()")
+    status = "document.getElementById('flame-status')"
+    page.until(f"{status} && {status}.textContent.includes('zoomed on')", "the call tree at the bottleneck's path")
+    page.tab("diagnosis")
 
 
 def test_detach_from_the_page(dashboard):

@@ -74,6 +74,7 @@ def test_diagnose_ranks_the_planted_cpu_hot_spot_first(recorded: dict[str, Path]
     assert verdicts == {
         "sleep": "ignored",
         "cpu": "passed",
+        "loop": "failed",
         "io": "failed",
         "sync": "failed",
         "wait": "failed",

@@ -154,7 +154,9 @@ def test_the_spread_out_function_under_ten_parents_is_still_found() -> None:
     first = d.bottlenecks[0]
     assert (first.hypothesis, first.kind, first.path) == ("cpu", "spread", (label("common"),))
     assert first.share == pytest.approx(0.4)
-    assert "10 caller(s)" in first.evidence
+    assert "spread over 10 callers, none reaching the threshold alone: p0 4.0%" in first.evidence
+    assert [(c, round(v, 3)) for c, v in first.callers] == [(label(f"p{i}"), 0.04) for i in range(10)]
+    assert first.tree_path[-1] == label("common") and first.tree_path[0] == label("main")
     bottom_up = step_at(d, "cpu", (label("common"),))
     assert bottom_up.verdict == "passed" and bottom_up.parent == step_at(d, "cpu", ()).step
     # main's own 11% is a place too; the 89% spread over its callees comes last.
@@ -169,9 +171,64 @@ def test_a_function_reached_top_down_is_not_reported_bottom_up_again() -> None:
     b.add(1, ["main", "a", "work"], 60, 60)
     b.add(1, ["main", "b", "work"], 40, 40)
     d = diagnose(b.profile())
-    assert [(x.kind, x.path[-1]) for x in d.bottlenecks] == [("self", label("work")), ("self", label("work"))]
+    # Bottom-up, work is refined to its dominant caller a; top-down finds main > a > work, the same
+    # samples: reported once, as the refinement (it names the caller), then work under b.
+    assert [(x.kind, x.path, x.share) for x in d.bottlenecks] == [
+        ("path", (label("a"), label("work")), 0.6),
+        ("self", (label("main"), label("b"), label("work")), 0.4),
+    ]
+    assert "60.0% of work's 100.0% comes from a" in d.bottlenecks[0].evidence
     bottom_up = step_at(d, "cpu", (label("work"),))
-    assert bottom_up.verdict == "failed" and bottom_up.share == 0
+    assert bottom_up.verdict == "passed" and bottom_up.share == 1.0
+    covered = [s for s in d.history if s.verdict == "covered"]
+    assert [s.path for s in covered] == [(label("main"), label("a"), label("work"))]
+
+
+def test_a_hot_leaf_under_a_shared_routine_is_one_bottleneck_with_the_routine() -> None:
+    b = Builder()
+    # normalize (10% own) calls fold (30%, a hot leaf); 12 handlers call normalize, each 3.3% in all.
+    for i in range(12):
+        b.add(1, ["main", f"handle_{i:02d}", "normalize"], 10, 10)
+        b.add(1, ["main", f"handle_{i:02d}", "normalize", "fold"], 30, 30)
+    b.add(1, ["main", "tidy"], 200, 200)
+    b.add(1, ["main"], 320, 320)
+    d = diagnose(b.profile())
+    assert d.total == 1000
+    first = d.bottlenecks[0]
+    assert (first.kind, first.path, first.share) == ("spread", (label("normalize"),), 0.48)
+    assert len(first.callers) == 12
+    # fold alone is not a bottleneck of its own: it is the same samples.
+    assert all(label("fold") not in x.path or x is first for x in d.bottlenecks)
+
+
+def test_an_idle_event_loop_is_not_a_bottleneck_what_blocks_it_is() -> None:
+    b = Builder()
+    loop = [("BaseEventLoop.run_forever", "/usr/lib/python3.11/asyncio/base_events.py"),
+            ("BaseEventLoop._run_once", "/usr/lib/python3.11/asyncio/base_events.py")]  # fmt: skip
+    b.add(1, ["main", *loop, ("EpollSelector.select", "/usr/lib/python3.11/selectors.py")], 900, 5)
+    callback = ("Handle._run", "/usr/lib/python3.11/asyncio/events.py")
+    b.add(1, ["main", *loop, callback, "compress_job", ("compress_blocking", APP, 7)], 300, 0)
+    b.add(1, ["main", *loop, callback, "handler"], 20, 20)
+    profile = b.profile()
+    profile.proflets = {
+        "results": {
+            "tasks": {
+                "loops": [{"thread": "MainThread", "blocks": 3, "blocked_pct": 40.0, "lag_ms_p99": 300.0}],
+                "blocks": [
+                    {"thread": "MainThread", "task": "Task-2", "duration_ms": 300.0,
+                     "stack": [{"function": "compress_job"}, {"function": "compress_blocking"}]},
+                ] * 3,
+                "block_threshold_ms": 100.0,
+            }
+        }
+    }  # fmt: skip
+    d = diagnose(profile, line_text=lambda f, n: "time.sleep(0.3)" if n == 7 else "")
+    first = d.bottlenecks[0]
+    assert (first.hypothesis, first.kind, first.path[-1]) == ("loop", "loop", label("compress_blocking"))
+    assert "the event loop was blocked 3 time(s) for 0.90 s in compress_blocking (task Task-2)" in first.evidence
+    assert all("EpollSelector" not in p for x in d.bottlenecks for p in x.path)
+    assert d.total == 300 + 25  # the selector's 895 waiting samples are the loop idle
+    assert any(s.hypothesis == "idle" and s.verdict == "ignored" for s in d.history)
 
 
 def test_nothing_over_the_threshold() -> None:
@@ -244,3 +301,46 @@ def test_collapsed_tree_tests_only_where_the_samples_are() -> None:
 def test_classify_wait(frames: list[tuple[str, str]], line: str, kind: str) -> None:
     stack = [Frame(file, name, 1, 5) for name, file in frames]
     assert classify_wait(stack, lambda f, n: line) == kind
+
+
+def test_comprehensions_are_charged_to_the_function_that_holds_them() -> None:
+    tree = CallTreeProfile.from_collapsed(
+        "main;build;build.<locals>.<listcomp>;Node.__init__ 50\n"
+        "main;build;build.<locals>.<listcomp> 30\n"
+        "main;other 20\n"
+    )
+    d = diagnose_tree(tree)
+    assert [(b.path, b.share) for b in d.bottlenecks] == [
+        (("main", "build", "Node.__init__"), 0.5),
+        (("main", "build"), 0.3),
+        (("main", "other"), 0.2),
+    ]
+    b = Builder()
+    b.add(1, ["main", "normalize", "normalize.<locals>.<genexpr>"], 80, 80)
+    b.add(1, ["main", "other"], 20, 20)
+    first = diagnose(b.profile()).bottlenecks[0]
+    assert first.path == (label("main"), label("normalize")) and first.share == 0.8
+
+
+def test_a_loop_that_lags_without_blocks_starves_its_tasks() -> None:
+    b = Builder()
+    loop = [("BaseEventLoop.run_forever", "/usr/lib/python3.11/asyncio/base_events.py"),
+            ("BaseEventLoop._run_once", "/usr/lib/python3.11/asyncio/base_events.py"),
+            ("Handle._run", "/usr/lib/python3.11/asyncio/events.py")]  # fmt: skip
+    b.add(1, ["main", *loop, "handler", "render"], 80, 80)
+    b.add(1, ["main", *loop, "other"], 20, 20)
+    profile = b.profile()
+    profile.proflets = {
+        "results": {
+            "tasks": {
+                "loops": [{"thread": "MainThread", "blocks": 0, "lag_ms_p99": 250.0, "lag_probes": 30}],
+                "blocks": [],
+                "block_threshold_ms": 100.0,
+            }
+        }
+    }
+    d = diagnose(profile)
+    first = d.bottlenecks[0]
+    assert first.hypothesis == "cpu" and first.path[-1] == label("render")
+    assert "tasks wait their turn up to 250 ms" in first.evidence
+    assert step_at(d, "starved", ()).verdict == "passed"

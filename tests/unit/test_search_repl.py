@@ -301,7 +301,7 @@ def test_command_runs_commands_and_prints_json(tmp_path: Path, capsys: pytest.Ca
     # Human output; --compare searches the difference.
     base = tmp_path / "base.collapsed"
     base.write_text(FIGURE_2.replace("e 52", "e 12"))
-    assert main(["bottlenecks", str(fig2), "--compare", str(base), "-c", "suggest 1; select 0"]) == 0
+    assert main(["bottlenecks", str(fig2), "--compare", str(base), "--raw", "-c", "suggest 1; select 0"]) == 0
     out = capsys.readouterr().out
     assert "total 40" in out and "a > b > c > e" in out
 

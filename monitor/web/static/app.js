@@ -834,6 +834,12 @@
       state.flame = window.DyperFlame.create(box, data, {
         details: document.getElementById("flame-details"), status: document.getElementById("flame-status")
       });
+      if (state.flameFocus) {
+        // Opened from a diagnosis' bottleneck: zoom on its path (the heaviest place it occurs).
+        var focus = state.flameFocus;
+        state.flameFocus = null;
+        if (state.flame.zoomPath(focus.map(splitFrame)) < 0) toast("this path is not in the call tree of this window", true);
+      }
       var s = document.getElementById("flame-search");
       if (s && s.value) state.flame.search(s.value);
       if (!data.tree[2]) clear(box).appendChild(h("div", { class: "empty", text: "no samples in this window" }));
@@ -870,7 +876,9 @@
       state.search = r;
       var d = r.described, src = document.getElementById("search-source");
       if (src) src.textContent = "searching " + (d.window === "whole" ? "the whole run" : "window " + d.window) +
-        (d.compare ? " minus window " + d.compare + " (comparative profile: values may be negative)" : "") +
+        (d.compare ? " minus window " + d.compare + " (comparative profile, " +
+          (d.normalization === "raw" ? "raw counts" : "normalised by total samples: percentages are differences of shares") +
+          "; values may be negative)" : "") +
         " · " + fmtInt(r.total) + " cpu samples · click a row to select it";
       return r;
     });
@@ -971,8 +979,22 @@
     updateDiagnosis();
   }
 
-  var HYP = { cpu: "CPU-bound", io: "blocked on I/O", sync: "waiting on synchronisation", wait: "blocked in an unnamed call",
-              gc: "garbage collection", samples: "samples", sleep: "sleeping" };
+  var HYP = { cpu: "CPU-bound", loop: "blocking the event loop", io: "blocked on I/O", sync: "waiting on synchronisation",
+              wait: "blocked in an unnamed call", gc: "garbage collection", samples: "samples", sleep: "sleeping",
+              idle: "idle", starved: "a task starved of the loop" };
+
+  // "qualname (file)" -> [qualname, file], as the call tree names its frames.
+  function splitFrame(label) {
+    var at = label.lastIndexOf(" (");
+    return at > 0 && label.charAt(label.length - 1) === ")" ? [label.slice(0, at), label.slice(at + 2, -1)] : [label, ""];
+  }
+
+  // Open the call tree at a bottleneck: the metric it was found in (waits show in wall samples), zoomed on its path.
+  function openInTree(b) {
+    state.flameMetric = ["cpu", "samples", "gc"].indexOf(b.hypothesis) >= 0 ? "cpu" : "wall";
+    state.flameFocus = (b.tree_path && b.tree_path.length ? b.tree_path : b.path).slice();
+    showTab("flame");
+  }
 
   function updateDiagnosis() {
     updateFindings();
@@ -983,11 +1005,15 @@
       h("span", null, "threshold ", h("b", { text: d.threshold_pct + "%" })),
       Object.keys(d.shares_pct || {}).map(function (k) { return h("span", null, (HYP[k] || k) + " ", h("b", { text: d.shares_pct[k].toFixed(1) + "%" })); })));
     box.appendChild(h("h2", { text: "Bottlenecks, ranked" }));
+    // The ranking is the one `dyper diagnose` prints (monitor/search/diagnose.py makes both); a row opens the
+    // call tree at the bottleneck's path.
     box.appendChild(sortableTable("bottlenecks", d.bottlenecks.map(function (b, i) {
       return { rank: i + 1, share_pct: b.share_pct, hypothesis: HYP[b.hypothesis] || b.hypothesis, kind: b.kind,
                where: (b.path.length > 4 ? "… › " : "") + b.path.slice(-4).map(shortName).join(" › ") || "whole program",
-               evidence: b.evidence };
-    }), { empty: "no bottleneck reaches the threshold" }));
+               evidence: b.evidence, _b: b };
+    }), { empty: "no bottleneck reaches the threshold", columns: ["rank", "share_pct", "hypothesis", "kind", "where", "evidence"],
+          onRow: function (r) { if (r._b.path.length) openInTree(r._b); } }));
+    if (d.bottlenecks.length) box.appendChild(h("div", { class: "hint", text: "click a bottleneck to open the call tree at its path" }));
     box.appendChild(h("h2", { style: "margin-top:16px", text: "Search history" }));
     var children = {};
     d.history.forEach(function (s) { var p = s.parent === null ? "root" : s.parent; (children[p] = children[p] || []).push(s); });

@@ -190,6 +190,25 @@
       zoomTo: zoomTo, search: setSearch, render: render, reset: function () { zoomTo(0); },
       flip: function () { rootAtBottom = !rootAtBottom; render(); return rootAtBottom; },
       find: function (n) { for (var i = 0; i < F.length; i++) if (name(i) === n) return i; return -1; },
+      // Zoom on the heaviest frame whose callers end in path ([[name, file], ...], outermost first; thread
+      // rows skipped): where a diagnosis' bottleneck is. Returns the frame's index, or -1 (nothing zoomed).
+      zoomPath: function (path) {
+        var best = -1, n = path.length;
+        function is(i, p) { var f = frames[F[i]]; return f[0] === p[0] && (!p[1] || f[1] === p[1]); }
+        for (var i = 1; i < F.length && n; i++) {
+          if (!is(i, path[n - 1]) || (best >= 0 && TOTAL[i] <= TOTAL[best])) continue;
+          var j = i, k = n - 1;
+          while (k > 0) {
+            j = PARENT[j];
+            while (j > 0 && frames[F[j]][3] >= 2) j = PARENT[j];
+            if (j <= 0 || !is(j, path[k - 1])) break;
+            k--;
+          }
+          if (k === 0) best = i;
+        }
+        if (best >= 0) zoomTo(best);
+        return best;
+      },
       total: function (i) { return TOTAL[i]; }, count: function () { return F.length; },
       boxes: function () { return graph.querySelectorAll(".n").length; }
     };
