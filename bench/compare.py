@@ -1,11 +1,17 @@
-"""dyper beside py-spy, pyinstrument and yappi: accuracy, overhead, yield, time to an answer.
+"""dyper beside py-spy, pyinstrument, yappi and ddtrace: accuracy, overhead, yield, time to an answer.
 
     python bench/compare.py [--quick] [--repeats 5] [--seconds 4] [--programs flat,deep,...]
                             [--tools dyper-1%,py-spy,...] [--json FILE] [--reanalyse FILE]
 
-Needs the tools: ``pip install -r bench/requirements.txt`` (py-spy, pyinstrument;
-yappi comes with dyper). ``--quick`` is two repeats of about 1.5-s programs and
-a shorter settling series: a few minutes.
+Needs the tools: ``pip install -r bench/requirements.txt`` (py-spy, pyinstrument,
+ddtrace; yappi comes with dyper). ``--quick`` is two repeats of about 1.5-s programs
+and a shorter settling series: a few minutes.
+
+By default the six single-purpose programs and the nine tools below without
+ddtrace and dyper-native-B. Issue 29's multi-threaded truths are asked for:
+
+    python bench/compare.py --programs io-mix,deep8,native-mix,gc-alloc --no-stable \
+        --tools dyper-0.1%,dyper-1%,dyper-5%,dyper-native-1%,py-spy,ddtrace --repeats 3
 
 The programs (bench/workloads/truth.py) record where their own CPU time went:
 each judged function times its own work with the thread's CPU clock and counts
@@ -14,7 +20,13 @@ its calls. Every tool runs every program the same way, as a command around
 with runs of no tool among them:
 
 - dyper at 0.1%, 1% and 5% (``dyper run -q --budget B -o prof.json``; the CLI
-  hosts the monitor, so its CPU counts as the tool's);
+  hosts the monitor, so its CPU counts as the tool's); ``dyper-native-B`` the
+  same with ``DYPER_SAMPLER=native`` (an agent without the native sampler falls
+  back; the tables say which sampler each run said it ran, "not said" if the
+  report does not say);
+- ddtrace (Datadog's profiler, ``DD_PROFILING_ENABLED=true ddtrace-run python
+  ...``, its defaults, its pprof files written locally: see env()), the CPU time
+  of its stack samples per leaf function;
 - py-spy ``record`` at 100 Hz, its default rate, blocking (its default: the
   target is paused for each sample) and ``--nonblocking``;
 - pyinstrument at its default interval (1 ms), saving its session;
@@ -32,6 +44,10 @@ Per tool and program:
   profiler of a long-running service pays it once;
 - **samples**: stack samples (dyper, py-spy, pyinstrument) or profiler events
   (yappi: calls recorded);
+- **CPU stacks/s**: the thread stacks a tool's CPU answer is made of, per second
+  (dyper: its cpu samples; py-spy: stacks of threads not idle; ddtrace: stacks
+  with CPU time; pyinstrument: its samples), and **per tool CPU-s**: that over
+  the tool CPU (the mean over programs of each, divided);
 - **share error**: each judged function's share of the judged functions' self
   time, tool against truth, in points (max and mean over functions; the median
   over repeats of each);
