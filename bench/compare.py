@@ -747,15 +747,22 @@ def run_stable(python: str, tools: list[str], lengths: tuple[float, ...], seed: 
 
 
 def installed(python: str) -> dict[str, str]:
-    """What the runs use: the dyper that ``python`` imports (its checkout's commit) and the peers' versions."""
+    """What the runs use: the dyper that ``python`` imports (its checkout's commit), the peers' versions.
+
+    And whether that dyper has a native sampler (``dyper.agent._native``, issue 29) to run
+    when ``DYPER_SAMPLER=native`` asks for it.
+    """
     code = (
         "import importlib.metadata as m, os, dyper\n"
         "print(os.path.dirname(os.path.dirname(os.path.realpath(dyper.__file__))))\n"
         "for d in ('dyper', 'ddtrace', 'py-spy', 'pyinstrument', 'yappi'):\n"
         "    try: print(d, m.version(d))\n"
         "    except m.PackageNotFoundError: pass\n"
+        "try: import dyper.agent._native; print('dyper_native_sampler importable')\n"
+        "except ImportError: print('dyper_native_sampler absent')\n"
     )
-    got = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    # isolated (-I): no current folder on the path, whose dyper/ (a checkout's) would be the one imported
+    got = subprocess.run([python, "-I", "-c", code], capture_output=True, text=True)
     lines = got.stdout.splitlines()
     if got.returncode != 0 or not lines:
         return {}
