@@ -333,9 +333,11 @@ def test_multi_threaded_truths_record_their_own_split(program: str, tmp_path: Pa
     assert set(t["calls"]) == set(t["truth_s"])
     share = shares(t["truth_s"], sorted(t["truth_s"]))
     if program == "io-mix":
-        # the writer and the sleeper are off the CPU most of the time: the spinners have most of it
-        assert share["spin_a"] + share["spin_b"] > 0.6
-        assert share["doze"] < 0.05
+        # the writer runs until the spinners end: its share depends on how the machine schedules
+        # them (on a busy machine it may write alone for a while), so only counts are checked
+        assert t["calls"]["spin_a"] == t["calls"]["spin_b"] == 10
+        assert t["calls"]["write_chunks"] >= 1 and t["calls"]["doze"] >= 1
+        assert share["doze"] < 0.05  # a sleeping thread has next to no CPU time
     if program == "deep8":
         # leaf k does k units a round in every thread: k/36 (CPU clocks, so a busy machine does not move it)
         for k in range(1, 9):
