@@ -1,11 +1,17 @@
-"""dyper beside py-spy, pyinstrument and yappi: accuracy, overhead, yield, time to an answer.
+"""dyper beside py-spy, pyinstrument, yappi and ddtrace: accuracy, overhead, yield, time to an answer.
 
     python bench/compare.py [--quick] [--repeats 5] [--seconds 4] [--programs flat,deep,...]
                             [--tools dyper-1%,py-spy,...] [--json FILE] [--reanalyse FILE]
 
-Needs the tools: ``pip install -r bench/requirements.txt`` (py-spy, pyinstrument;
-yappi comes with dyper). ``--quick`` is two repeats of about 1.5-s programs and
-a shorter settling series: a few minutes.
+Needs the tools: ``pip install -r bench/requirements.txt`` (py-spy, pyinstrument,
+ddtrace; yappi comes with dyper). ``--quick`` is two repeats of about 1.5-s programs
+and a shorter settling series: a few minutes.
+
+By default the six single-purpose programs and the nine tools below without
+ddtrace and dyper-native-B. Issue 29's multi-threaded truths are asked for:
+
+    python bench/compare.py --programs io-mix,deep8,native-mix,gc-alloc --no-stable \
+        --tools dyper-0.1%,dyper-1%,dyper-5%,dyper-native-1%,py-spy,ddtrace --repeats 3
 
 The programs (bench/workloads/truth.py) record where their own CPU time went:
 each judged function times its own work with the thread's CPU clock and counts
@@ -14,7 +20,13 @@ its calls. Every tool runs every program the same way, as a command around
 with runs of no tool among them:
 
 - dyper at 0.1%, 1% and 5% (``dyper run -q --budget B -o prof.json``; the CLI
-  hosts the monitor, so its CPU counts as the tool's);
+  hosts the monitor, so its CPU counts as the tool's); ``dyper-native-B`` the
+  same with ``DYPER_SAMPLER=native`` (an agent without the native sampler falls
+  back; the tables say which sampler each run said it ran, "not said" if the
+  report does not say);
+- ddtrace (Datadog's profiler, ``DD_PROFILING_ENABLED=true ddtrace-run python
+  ...``, its defaults, its pprof files written locally: see env()), the CPU time
+  of its stack samples per leaf function;
 - py-spy ``record`` at 100 Hz, its default rate, blocking (its default: the
   target is paused for each sample) and ``--nonblocking``;
 - pyinstrument at its default interval (1 ms), saving its session;
@@ -32,6 +44,10 @@ Per tool and program:
   profiler of a long-running service pays it once;
 - **samples**: stack samples (dyper, py-spy, pyinstrument) or profiler events
   (yappi: calls recorded);
+- **CPU stacks/s**: the thread stacks a tool's CPU answer is made of, per second
+  (dyper: its cpu samples; py-spy: stacks of threads not idle; ddtrace: stacks
+  with CPU time; pyinstrument: its samples), and **per tool CPU-s**: that over
+  the tool CPU (the mean over programs of each, divided);
 - **share error**: each judged function's share of the judged functions' self
   time, tool against truth, in points (max and mean over functions; the median
   over repeats of each);
@@ -57,6 +73,7 @@ final answer is the truth's top five, and the tool's slowdown on those runs.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import os
@@ -78,10 +95,16 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.overhead import log, machine_info  # noqa: E402
+from dyper.monitor.pprof import profile_pb2  # noqa: E402
 
 TRUTH = REPO / "bench" / "workloads" / "truth.py"
-PROGRAMS = ("flat", "deep", "spread", "recursion", "threads", "native")
-TOOLS = (
+#: The programs run by default; MULTI_PROGRAMS are issue 29's multi-threaded truths (--programs).
+DEFAULT_PROGRAMS = ("flat", "deep", "spread", "recursion", "threads", "native")
+MULTI_PROGRAMS = ("io-mix", "deep8", "native-mix", "gc-alloc")
+PROGRAMS = DEFAULT_PROGRAMS + MULTI_PROGRAMS
+#: The tools run by default; the others on request (--tools): dyper with the native sampler asked
+#: for (DYPER_SAMPLER=native), and Datadog's profiler (ddtrace).
+DEFAULT_TOOLS = (
     "none",
     "dyper-0.1%",
     "dyper-1%",
@@ -92,6 +115,7 @@ TOOLS = (
     "yappi-wall",
     "yappi-cpu",
 )
+TOOLS = (*DEFAULT_TOOLS, "dyper-native-0.1%", "dyper-native-1%", "dyper-native-5%", "ddtrace")
 STABLE_PROGRAM = "spread"
 STABLE_LENGTHS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 QUICK_STABLE_LENGTHS = (0.5, 1.0, 2.0, 4.0)
@@ -103,11 +127,19 @@ RUN_TIMEOUT_S = 600
 
 @dataclass
 class Answer:
-    """What a tool said about one run: self time (or samples) per function name, counted calls, samples."""
+    """What a tool said about one run: self time (or samples) per function name, counted calls, samples.
+
+    ``samples`` is the tool's own count (dyper: snapshots of all threads; py-spy: stacks of
+    threads not idle; ddtrace: thread stacks; yappi: calls); ``cpu_stacks`` the thread stacks
+    its CPU answer is made of (None where there are none: yappi). ``sampler`` is the sampler
+    dyper says it ran (None when the report does not say).
+    """
 
     self_by_name: dict[str, float] = field(default_factory=dict)
     calls: dict[str, int] = field(default_factory=dict)
     samples: int | None = None
+    cpu_stacks: int | None = None
+    sampler: str | None = None
 
 
 # --- reading each tool's output ---------------------------------------------------------------
@@ -127,6 +159,7 @@ def parse_pyspy_raw(text: str) -> Answer:
         name = leaf.split(" (", 1)[0].strip()
         out.self_by_name[name] = out.self_by_name.get(name, 0.0) + int(count)
         out.samples = (out.samples or 0) + int(count)
+    out.cpu_stacks = out.samples  # py-spy leaves idle threads out (no --idle)
     return out
 
 
@@ -152,7 +185,7 @@ def parse_pyinstrument_session(session: Mapping[str, Any]) -> Answer:
     (pyinstrument/frame_info.py).
     """
     records = session["frame_records"]
-    out = Answer(samples=len(records))
+    out = Answer(samples=len(records), cpu_stacks=len(records))
     for frames, seconds in records:
         if not frames:
             continue
@@ -162,13 +195,104 @@ def parse_pyinstrument_session(session: Mapping[str, Any]) -> Answer:
     return out
 
 
-def parse_dyper_report(report: Mapping[str, Any]) -> Answer:
-    """``dyper report --json``: the cpu proflet's self samples and counted calls per function."""
+def dyper_sampler(*processes: Mapping[str, Any]) -> str | None:
+    """Which sampler dyper ran, from a report's or a profile's ``process``: the first that says.
+
+    The agent's field ``sampler`` ({name, why}, or a name) if one carries it; else
+    ``"native"`` if the native sampler's dropped reads (``dropped`` keys ``native_...``)
+    are counted; else None: not said.
+    """
+    for process in processes:
+        said = process.get("sampler")
+        if isinstance(said, Mapping) and said.get("name"):
+            return str(said["name"])
+        if isinstance(said, str) and said:
+            return said
+    for process in processes:
+        if any(str(k).startswith("native_") for k in process.get("dropped") or {}):
+            return "native"
+    return None
+
+
+def parse_dyper_report(report: Mapping[str, Any], profile: Mapping[str, Any] | None = None) -> Answer:
+    """``dyper report --json``: the cpu proflet's self samples and counted calls per function.
+
+    ``profile`` (the ``-o`` file the report was made from) is read for the sampler only.
+    """
     out = Answer(samples=int(report["process"].get("samples") or 0))
     for f in report["proflets"].get("cpu", {}).get("functions", []):
         out.self_by_name[f["name"]] = out.self_by_name.get(f["name"], 0.0) + float(f["self"])
         if f.get("calls") is not None:
             out.calls[f["name"]] = int(f["calls"])
+    out.cpu_stacks = round(sum(out.self_by_name.values()))  # every cpu sample is some function's self
+    out.sampler = dyper_sampler(report["process"], (profile or {}).get("process") or {})
+    return out
+
+
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def decompress_pprof(data: bytes) -> bytes:
+    """A pprof file's bytes as the protobuf: ddtrace 4 writes zstd, the pprof tools gzip, some none."""
+    if data.startswith(GZIP_MAGIC):
+        return gzip.decompress(data)
+    if not data.startswith(ZSTD_MAGIC):
+        return data
+    try:
+        import zstandard  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:  # the zstd command line does as well
+        return subprocess.run(["zstd", "-dcq"], input=data, capture_output=True, check=True).stdout
+    return bytes(zstandard.ZstdDecompressor().stream_reader(data).read())
+
+
+def parse_pprof(data: bytes, cpu_type: str = "cpu-time", count_type: str = "cpu-samples") -> Answer:
+    """A pprof profile (ddtrace's): the ``cpu_type`` values (CPU nanoseconds) per leaf function, in seconds.
+
+    A sample's first location is its leaf, and a location's first line its innermost
+    function. ``cpu_stacks`` counts the ``count_type`` of the samples with CPU time;
+    ``samples`` the ``wall-samples`` (every thread's stack each time it looks) if the
+    profile has them, else the same as ``cpu_stacks``. Samples of other kinds
+    (allocations, locks) carry no CPU time and count in neither.
+    """
+    prof = profile_pb2.Profile()
+    prof.ParseFromString(decompress_pprof(data))
+    strings = prof.string_table
+    kinds = [strings[t.type] for t in prof.sample_type]
+    if cpu_type not in kinds:
+        raise ValueError(f"no {cpu_type} in the profile's sample types: {kinds}")
+    cpu_i = kinds.index(cpu_type)
+    count_i = kinds.index(count_type) if count_type in kinds else None
+    wall_i = kinds.index("wall-samples") if "wall-samples" in kinds else None
+    names = {f.id: strings[f.name] for f in prof.function}
+    leaf_of = {loc.id: (names.get(loc.line[0].function_id, "?") if loc.line else "?") for loc in prof.location}
+    out = Answer(samples=0, cpu_stacks=0)
+    walls = 0
+    for sample in prof.sample:
+        values = sample.value
+        if wall_i is not None:
+            walls += values[wall_i]
+        if values[cpu_i] <= 0:
+            continue
+        out.cpu_stacks = (out.cpu_stacks or 0) + (values[count_i] if count_i is not None else 1)
+        if not sample.location_id:
+            continue
+        name = leaf_of.get(sample.location_id[0], "?")
+        out.self_by_name[name] = out.self_by_name.get(name, 0.0) + values[cpu_i] / 1e9
+    out.samples = walls if wall_i is not None else out.cpu_stacks
+    return out
+
+
+def merge_answers(answers: list[Answer]) -> Answer:
+    """One answer from several (a profiler that writes a file per upload interval)."""
+    out = Answer(samples=0, cpu_stacks=0)
+    for a in answers:
+        for name, v in a.self_by_name.items():
+            out.self_by_name[name] = out.self_by_name.get(name, 0.0) + v
+        for name, n in a.calls.items():
+            out.calls[name] = out.calls.get(name, 0) + n
+        out.samples = (out.samples or 0) + (a.samples or 0)
+        out.cpu_stacks = (out.cpu_stacks or 0) + (a.cpu_stacks or 0)
     return out
 
 
@@ -285,8 +409,10 @@ def command(tool: str, python: str, program_args: list[str], out: Path) -> list[
     if tool == "none":
         return target
     if tool.startswith("dyper-"):
-        budget = tool.split("-", 1)[1]
+        budget = tool.rsplit("-", 1)[1]  # dyper-1%, dyper-native-1%: the sampler is asked for in env()
         return [_bin("dyper", python), "run", "-q", "--budget", budget, "-o", str(out), "--", *target]
+    if tool == "ddtrace":
+        return [_bin("ddtrace-run", python), *target]
     if tool.startswith("py-spy"):
         extra = ["--nonblocking"] if tool.endswith("nonblocking") else []
         return [_bin("py-spy", python), "record", "-r", "100", "-f", "raw", "-o", str(out), *extra, "--", *target]
@@ -299,6 +425,31 @@ def command(tool: str, python: str, program_args: list[str], out: Path) -> list[
     raise ValueError(f"unknown tool {tool!r}: give some of {', '.join(TOOLS)}")
 
 
+def env(tool: str, out: Path) -> dict[str, str]:
+    """The run's environment: this one, and what the tool is configured with.
+
+    dyper-native-B asks for the native sampler (an agent without it falls back to its
+    default and says so, see dyper_sampler). ddtrace: its profiler on, its pprof files
+    written locally rather than uploaded: ``DD_PROFILING_OUTPUT_PPROF`` (ddtrace 4.x,
+    ddtrace/internal/settings/profiling.py, ``output_pprof``; the exporter writes
+    PREFIX.PID.N.pprof, one per upload interval and one at exit), everything else its
+    defaults (the stack, lock and memory collectors).
+    """
+    out_env = dict(os.environ)
+    out_env.pop("DYPER_SAMPLER", None)  # dyper-B: the agent's default sampler
+    if tool.startswith("dyper-native-"):
+        out_env["DYPER_SAMPLER"] = "native"
+    if tool == "ddtrace":
+        out_env["DD_PROFILING_ENABLED"] = "true"
+        out_env["DD_PROFILING_OUTPUT_PPROF"] = str(out)
+    return out_env
+
+
+def ddtrace_files(out: Path) -> list[Path]:
+    """The pprof files ddtrace wrote with the prefix ``out``."""
+    return sorted(out.parent.glob(f"{out.name}.*.pprof"))
+
+
 def read_answer(tool: str, python: str, out: Path) -> Answer | None:
     if tool == "none":
         return None
@@ -309,7 +460,12 @@ def read_answer(tool: str, python: str, out: Path) -> Answer | None:
             text=True,
             check=True,
         )
-        return parse_dyper_report(json.loads(rep.stdout))
+        return parse_dyper_report(json.loads(rep.stdout), json.loads(out.read_text()))
+    if tool == "ddtrace":
+        files = ddtrace_files(out)
+        if not files:
+            raise FileNotFoundError(f"ddtrace wrote no {out.name}.*.pprof")
+        return merge_answers([parse_pprof(f.read_bytes()) for f in files])
     if tool.startswith("py-spy"):
         return parse_pyspy_raw(out.read_text())
     if tool == "pyinstrument":
@@ -325,13 +481,14 @@ def children_cpu() -> float:
 def run_one(tool: str, program: str, mode: list[str], python: str, tmp: Path) -> Run:
     """Run one program under one tool, and read the truth and the tool's answer."""
     truth_path = tmp / "truth.json"
-    out = tmp / {"pyinstrument": "out.pyisession"}.get(tool, "out.json" if tool.startswith("dyper") else "out.txt")
-    for p in (truth_path, out):
+    name = {"pyinstrument": "out.pyisession", "ddtrace": "ddprof"}
+    out = tmp / name.get(tool, "out.json" if tool.startswith("dyper") else "out.txt")
+    for p in (truth_path, out, *ddtrace_files(tmp / "ddprof")):
         p.unlink(missing_ok=True)
     cmd = command(tool, python, [program, *mode, str(truth_path)], out)
     c0 = children_cpu()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, timeout=RUN_TIMEOUT_S)
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, timeout=RUN_TIMEOUT_S, env=env(tool, out))
     except subprocess.TimeoutExpired:
         return Run(program, tool, {}, None, children_cpu() - c0, error=f"over {RUN_TIMEOUT_S} s: stopped")
     cpu = children_cpu() - c0
@@ -365,6 +522,30 @@ def calibrate(python: str, programs: list[str], seconds: float, tmp: Path) -> di
 def median_or_none(xs: list[float]) -> float | None:
     xs = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
     return statistics.median(xs) if xs else None
+
+
+def per_tool_cpu(stacks_per_s: float | None, tool_cpu_per_s: float | None) -> float | None:
+    """CPU stack samples per CPU second of the tool: None when its CPU is not above zero (noise)."""
+    if stacks_per_s is None or tool_cpu_per_s is None or tool_cpu_per_s <= 0:
+        return None
+    return stacks_per_s / tool_cpu_per_s
+
+
+def samplers_said(said: list[str | None]) -> str:
+    """Which sampler the runs said they ran: "native", "gil", "native 2, not said 1"..."""
+    counts: dict[str, int] = {}
+    for s in said:
+        key = s or "not said"
+        counts[key] = counts.get(key, 0) + 1
+    if len(counts) == 1:
+        return next(iter(counts))
+    return ", ".join(f"{k} {n}" for k, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def median_shares(runs: list[Mapping[str, float]]) -> dict[str, float]:
+    """Each function's median share over runs (0 where a run did not name it)."""
+    names = sorted({n for r in runs for n in r})
+    return {n: statistics.median([r.get(n, 0.0) for r in runs]) for n in names} if runs else {}
 
 
 def summarise(runs: list[dict[str, Any]], tools: list[str], programs: list[str]) -> dict[str, Any]:
@@ -402,13 +583,34 @@ def summarise(runs: list[dict[str, Any]], tools: list[str], programs: list[str])
                 cell["samples_per_s"] = median_or_none(
                     [r["samples"] / r["wall_s"] for r in ok if r["samples"] is not None]
                 )
+                cell["cpu_stacks_per_s"] = median_or_none(
+                    [r["cpu_stacks"] / r["wall_s"] for r in ok if r.get("cpu_stacks") is not None]
+                )
+                cell["stacks_per_tool_cpu_s"] = per_tool_cpu(cell["cpu_stacks_per_s"], cell["tool_cpu_per_s"])
+                cell["samplers"] = samplers_said([r.get("sampler") for r in ok]) if t.startswith("dyper") else None
+                cell["shares"] = median_shares([r["shares"] for r in ok if "shares" in r])
+            else:
+                cell["shares"] = median_shares([r["truth"] for r in mine if "truth" in r])  # the truth's
             cells[p][t] = cell
     overall: dict[str, dict[str, Any]] = {}
     for t in tools:
         row: dict[str, Any] = {}
-        for k in ("slowdown_pct", "tool_cpu_per_s", "max_err", "mean_err", "top5", "rank_corr", "calls_err_pct"):
+        for k in (
+            "slowdown_pct",
+            "tool_cpu_per_s",
+            "max_err",
+            "mean_err",
+            "top5",
+            "rank_corr",
+            "calls_err_pct",
+            "cpu_stacks_per_s",
+        ):
             vals = [cells[p][t].get(k) for p in programs if cells[p][t].get(k) is not None]
             row[k] = statistics.fmean(vals) if vals else None
+        # a ratio of the means: one program's near-zero tool CPU would make a mean of ratios meaningless
+        row["stacks_per_tool_cpu_s"] = per_tool_cpu(row["cpu_stacks_per_s"], row["tool_cpu_per_s"])
+        said = [r.get("sampler") for r in runs if r["tool"] == t and r["program"] in programs and not r["error"]]
+        row["samplers"] = samplers_said(said) if t.startswith("dyper") else None
         row["startup_cpu_s"] = startup[t]
         overall[t] = row
     return {"cells": cells, "overall": overall}
@@ -430,6 +632,12 @@ def fmt(x: Any, spec: str) -> str:
     return format(x, spec)
 
 
+def tool_label(tool: str, row: Mapping[str, Any]) -> str:
+    """The tool's name, with the sampler dyper said it ran: "dyper-native-1% (ran: gil)"."""
+    said = row.get("samplers")
+    return f"{tool} (ran: {said})" if said else tool
+
+
 def print_tables(result: dict[str, Any]) -> None:
     s = result["summary"]
     tools = result["settings"]["tools"]
@@ -439,39 +647,56 @@ def print_tables(result: dict[str, Any]) -> None:
         f"{result['settings']['seconds']:g} s; {m['cpu_model']}, {m['cores']} cores, Python {m['python']}, "
         f"dyper {m['dyper_commit']}"
     )
+    if m.get("installed"):
+        print(", ".join(f"{k} {v}" for k, v in m["installed"].items()))
     print("\nall programs (mean over programs of each program's median)\n")
     print(
         "| tool | slowdown % | tool CPU s/s | start-up CPU s | share error max / mean, points | top-5 agreement "
-        "| rank corr | calls error % |"
+        "| rank corr | calls error % | CPU stacks/s | per tool CPU-s |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for t in tools:
         o = s["overall"][t]
         print(
-            f"| {t} | {fmt(o['slowdown_pct'], '.1f')} | {fmt(o['tool_cpu_per_s'], '.3f')} | "
+            f"| {tool_label(t, o)} | {fmt(o['slowdown_pct'], '.1f')} | {fmt(o['tool_cpu_per_s'], '.3f')} | "
             f"{fmt(o.get('startup_cpu_s'), '.2f')} | {fmt(o['max_err'], '.1f')} / {fmt(o['mean_err'], '.1f')} | "
-            f"{fmt(o['top5'], '.2f')} | {fmt(o['rank_corr'], '.2f')} | {fmt(o['calls_err_pct'], '.1f')} |"
+            f"{fmt(o['top5'], '.2f')} | {fmt(o['rank_corr'], '.2f')} | {fmt(o['calls_err_pct'], '.1f')} | "
+            f"{fmt(o.get('cpu_stacks_per_s'), ',.0f')} | {fmt(o.get('stacks_per_tool_cpu_s'), ',.0f')} |"
         )
     for p in result["settings"]["programs"]:
         print(f"\n{p}\n")
         print(
             "| tool | slowdown % [min, max] | tool CPU s/s | samples (per s) | share error max / mean | top-5 "
-            "| rank corr | calls error % |"
+            "| rank corr | calls error % | CPU stacks/s | per tool CPU-s |"
         )
-        print("|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for t in tools:
             c = s["cells"][p][t]
             if "slowdown_pct" not in c:
-                print(f"| {t} | failed {c['failed']} of {c['runs']}: {(c.get('errors') or ['?'])[0]} |||||||")
+                print(f"| {t} | failed {c['failed']} of {c['runs']}: {(c.get('errors') or ['?'])[0]} |||||||||")
                 continue
             samples = "-" if c.get("samples") is None else f"{c['samples']:,.0f} ({c['samples_per_s']:,.0f})"
             failed = f" ({c['failed']} failed)" if c["failed"] else ""
             print(
-                f"| {t}{failed} | {c['slowdown_pct']:.1f} [{c['slowdown_min']:.1f}, {c['slowdown_max']:.1f}] | "
-                f"{c['tool_cpu_per_s']:.3f} | {samples if t != 'none' else '-'} | "
+                f"| {tool_label(t, c)}{failed} | {c['slowdown_pct']:.1f} [{c['slowdown_min']:.1f}, "
+                f"{c['slowdown_max']:.1f}] | {c['tool_cpu_per_s']:.3f} | {samples if t != 'none' else '-'} | "
                 f"{fmt(c.get('max_err'), '.1f')} / {fmt(c.get('mean_err'), '.1f')} | {fmt(c.get('top5'), '.2f')} | "
-                f"{fmt(c.get('rank_corr'), '.2f')} | {fmt(c.get('calls_err_pct'), '.1f')} |"
+                f"{fmt(c.get('rank_corr'), '.2f')} | {fmt(c.get('calls_err_pct'), '.1f')} | "
+                f"{fmt(c.get('cpu_stacks_per_s'), ',.0f')} | {fmt(c.get('stacks_per_tool_cpu_s'), ',.0f')} |"
             )
+    print("\nshares of the judged functions, %: the truth (median over the no-tool runs) and each tool's (median)")
+    for p in result["settings"]["programs"]:
+        cells = s["cells"][p]
+        names = sorted(cells["none"].get("shares") or {}, key=lambda n: -cells["none"]["shares"][n])
+        if not names:
+            continue
+        shown = [t for t in tools if t != "none" and cells[t].get("shares") is not None]
+        print(f"\n{p}\n")
+        print("| function | truth | " + " | ".join(shown) + " |")
+        print("|---" * (len(shown) + 2) + "|")
+        for n in names:
+            row = " | ".join(fmt(100 * cells[t]["shares"].get(n, 0.0), ".1f") for t in shown)
+            print(f"| {n} | {100 * cells['none']['shares'][n]:.1f} | {row} |")
     st = result.get("stable")
     if st:
         print(f"\ntime to a stable answer ({STABLE_PROGRAM}: lengths {', '.join(f'{x:g}' for x in st['lengths'])} s)\n")
@@ -521,13 +746,40 @@ def run_stable(python: str, tools: list[str], lengths: tuple[float, ...], seed: 
     return out
 
 
+def installed(python: str) -> dict[str, str]:
+    """What the runs use: the dyper that ``python`` imports (its checkout's commit), the peers' versions.
+
+    And whether that dyper has a native sampler (``dyper.agent._native``, issue 29) to run
+    when ``DYPER_SAMPLER=native`` asks for it.
+    """
+    code = (
+        "import importlib.metadata as m, os, dyper\n"
+        "print(os.path.dirname(os.path.dirname(os.path.realpath(dyper.__file__))))\n"
+        "for d in ('dyper', 'ddtrace', 'py-spy', 'pyinstrument', 'yappi'):\n"
+        "    try: print(d, m.version(d))\n"
+        "    except m.PackageNotFoundError: pass\n"
+        "try: import dyper.agent._native; print('dyper_native_sampler importable')\n"
+        "except ImportError: print('dyper_native_sampler absent')\n"
+    )
+    # isolated (-I): no current folder on the path, whose dyper/ (a checkout's) would be the one imported
+    got = subprocess.run([python, "-I", "-c", code], capture_output=True, text=True)
+    lines = got.stdout.splitlines()
+    if got.returncode != 0 or not lines:
+        return {}
+    out = dict(line.split(" ", 1) for line in lines[1:])
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=lines[0])
+    out["dyper_checkout"] = lines[0]
+    out["dyper_commit"] = commit.stdout.strip()
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="2 repeats of ~1.5-s programs, a short settling series")
     ap.add_argument("--repeats", type=int, default=None, help="runs of each tool on each program (default 5)")
     ap.add_argument("--seconds", type=float, default=None, help="length of each program with no tool (default 4)")
-    ap.add_argument("--programs", default=",".join(PROGRAMS))
-    ap.add_argument("--tools", default=",".join(TOOLS))
+    ap.add_argument("--programs", default=",".join(DEFAULT_PROGRAMS), help=f"some of {', '.join(PROGRAMS)}")
+    ap.add_argument("--tools", default=",".join(DEFAULT_TOOLS), help=f"some of {', '.join(TOOLS)}")
     ap.add_argument("--no-stable", action="store_true", help="leave out the time-to-a-stable-answer series")
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--seed", type=int, default=0)
@@ -549,18 +801,22 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"unknown tool {t!r}: give some of {', '.join(TOOLS)}")
     if "none" not in tools:
         tools.insert(0, "none")
-    missing = []
-    if any(t.startswith("py-spy") for t in tools) and not Path(_bin("py-spy", args.python)).exists():
-        missing.append("py-spy")
-    probe = subprocess.run([args.python, "-c", "import pyinstrument, yappi"], capture_output=True)
-    if probe.returncode != 0:
-        missing.append("pyinstrument or yappi")
+    missing = [
+        name
+        for name in ("py-spy", "ddtrace-run")
+        if any(t.startswith(name.split("-run")[0]) for t in tools) and not Path(_bin(name, args.python)).exists()
+    ]
+    modules = [m for m in ("pyinstrument", "yappi") if any(t.startswith(m) for t in tools)]
+    for m in modules:
+        if subprocess.run([args.python, "-c", f"import {m}"], capture_output=True).returncode != 0:
+            missing.append(m)
     if missing:
         ap.error(f"{' and '.join(missing)} missing: {args.python} -m pip install -r bench/requirements.txt")
     if any(t.startswith("py-spy") for t in tools) and os.geteuid() != 0:
         log("py-spy needs ptrace of its own child; if its runs fail, try sudo or kernel.yama.ptrace_scope=0")
 
     machine = machine_info(args.python)
+    machine["installed"] = installed(args.python)
     log(f"machine: {machine['cpu_model']}, {machine['cores']} cores, Python {machine['python']}")
     t_start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="dyper-compare-") as tmpname:
@@ -587,6 +843,8 @@ def main(argv: list[str] | None = None) -> int:
                 "cpu_s": run.cpu_s,
                 "wall_s": run.truth.get("wall_s"),
                 "samples": run.answer.samples if run.answer else None,
+                "cpu_stacks": run.answer.cpu_stacks if run.answer else None,
+                "sampler": run.answer.sampler if run.answer else None,
             }
             if run.answer is not None and p != STARTUP:
                 row["score"] = score(run.truth, run.answer)

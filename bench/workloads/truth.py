@@ -2,10 +2,12 @@
 
     python bench/workloads/truth.py PROGRAM (--rounds N | --seconds S) OUT
 
-PROGRAM is one of flat, deep, spread, recursion, threads, native (see
-PROGRAMS). Every function whose share is judged does its own work in one
-timed block: the thread's CPU clock read before and after, the difference
-added to that function's truth, and its call counted. The blocks are 0.1 to
+PROGRAM is one of flat, deep, spread, recursion, threads, native, and issue
+29's multi-threaded io-mix, deep8, native-mix and gc-alloc (see PROGRAMS).
+Every function whose share is judged does its own work in one timed block:
+the thread's CPU clock read before and after, the difference added to that
+function's truth, and its call counted (gc-alloc's callback, whose body is
+pass, has a truth of zero). The blocks are 0.1 to
 a few milliseconds long, so the two clock reads (under a microsecond each)
 are under 1% of what they time; the glue between blocks (loops, calls) is
 not in the truth. A C call that releases the GIL (zlib, hashlib) is timed
@@ -27,8 +29,12 @@ almost none, and a tool that counts idle time as time is wrong about them.
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
+import os
+import random
+import tempfile
 import threading
 import time
 import zlib
@@ -577,6 +583,288 @@ def native(pace: Pace) -> None:
     helper.join()
 
 
+# --- io-mix: two CPU threads, a thread writing a file, a sleeper ----------------------
+#
+# The file writer's writes are unbuffered (one system call each, the GIL released
+# around it): with two CPU threads beside it, it spends most of its time waiting to
+# take the GIL back, which is no CPU time. So does the sleeper.
+
+
+def spin_a(n: int) -> int:
+    t0 = clock()
+    x = 0
+    for i in range(n):
+        x += i * i
+    record("spin_a", t0)
+    return x
+
+
+def spin_b(n: int) -> int:
+    t0 = clock()
+    x = 0
+    for i in range(n):
+        x += i % 7
+    record("spin_b", t0)
+    return x
+
+
+_CHUNK = b"x" * 4096
+
+
+def write_chunks(fd: int, n: int) -> None:
+    t0 = clock()
+    for _ in range(n):
+        os.write(fd, _CHUNK)
+    os.lseek(fd, 0, os.SEEK_SET)  # the file stays small: rewritten from the start every call
+    record("write_chunks", t0)
+
+
+def doze() -> None:
+    t0 = clock()
+    time.sleep(0.005)
+    record("doze", t0)
+
+
+def io_mix(pace: Pace) -> None:
+    """Two CPU threads with a round count (or the deadline) each; the writer and the sleeper until they end."""
+    stop = threading.Event()
+    paces = [pace.fork() for _ in range(2)]
+
+    def cpu(fn: Callable[[int], int], n: int, mine: Pace) -> None:
+        while mine.next():
+            fn(n)
+
+    def writer() -> None:
+        fd, path = tempfile.mkstemp(prefix="truth-io-")
+        try:
+            write_chunks(fd, 8)  # at least once, however short the run
+            while not stop.is_set():
+                write_chunks(fd, 8)
+        finally:
+            os.close(fd)
+            os.unlink(path)
+
+    def sleeper() -> None:
+        doze()
+        while not stop.is_set():
+            doze()
+
+    workers = [
+        threading.Thread(target=cpu, args=(spin_a, 12000, paces[0]), name="spin-a"),
+        threading.Thread(target=cpu, args=(spin_b, 9000, paces[1]), name="spin-b"),
+    ]
+    sidekicks = [threading.Thread(target=writer, name="writer"), threading.Thread(target=sleeper, name="sleeper")]
+    for t in workers + sidekicks:
+        t.start()
+    for t in workers:
+        t.join()
+    stop.set()
+    for t in sidekicks:
+        t.join()
+    pace.done = max(p.done for p in paces)  # rounds count per thread
+
+
+# --- deep8: eight threads, each 30 frames deep, each ending in a leaf of its own ------
+#
+# Leaf k does k units of work a round, so with every thread doing as many rounds the
+# leaves' true shares are k/36: 2.8% to 22.2%. The frames above them only call.
+
+DEEP8_DEPTH = 30
+DEEP8_UNIT = 3000
+
+
+def leaf1(n: int) -> int:
+    t0 = clock()
+    x = 0
+    for i in range(n):
+        x += i * i
+    record("leaf1", t0)
+    return x
+
+
+def leaf2(n: int) -> int:
+    t0 = clock()
+    x = 0
+    for i in range(n):
+        x += i * i
+    record("leaf2", t0)
+    return x
+
+
+def leaf3(n: int) -> int:
+    t0 = clock()
+    x = 0
+    for i in range(n):
+        x += i * i
+    record("leaf3", t0)
+    return x
+
+
+def leaf4(n: int) -> int:
+    t0 = clock()
+    x = 0
+    for i in range(n):
+        x += i * i
+    record("leaf4", t0)
+    return x
+
+
+def leaf5(n: int) -> int:
+    t0 = clock()
+    x = 0
+    for i in range(n):
+        x += i * i
+    record("leaf5", t0)
+    return x
+
+
+def leaf6(n: int) -> int:
+    t0 = clock()
+    x = 0
+    for i in range(n):
+        x += i * i
+    record("leaf6", t0)
+    return x
+
+
+def leaf7(n: int) -> int:
+    t0 = clock()
+    x = 0
+    for i in range(n):
+        x += i * i
+    record("leaf7", t0)
+    return x
+
+
+def leaf8(n: int) -> int:
+    t0 = clock()
+    x = 0
+    for i in range(n):
+        x += i * i
+    record("leaf8", t0)
+    return x
+
+
+def descend(depth: int, leaf: Callable[[int], int], n: int) -> int:
+    """depth frames of this function, then the leaf: the leaf runs depth + 1 frames below the thread's start."""
+    if depth <= 1:
+        return leaf(n)
+    return descend(depth - 1, leaf, n)
+
+
+def deep8(pace: Pace) -> None:
+    leaves = (leaf1, leaf2, leaf3, leaf4, leaf5, leaf6, leaf7, leaf8)
+    paces = [pace.fork() for _ in leaves]
+
+    def worker(k: int, mine: Pace) -> None:
+        while mine.next():
+            # the thread's run and the worker are two frames: 28 of descend, the leaf the 31st
+            descend(DEEP8_DEPTH - 2, leaves[k - 1], k * DEEP8_UNIT)
+
+    threads = [threading.Thread(target=worker, args=(k, p), name=f"deep-{k}") for k, p in enumerate(paces, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # rounds of all eight: leaf k's thread does k units a round (on a deadline the short leaves do more rounds)
+    pace.done = round(sum(k * p.done for k, p in enumerate(paces, 1)) / sum(range(1, len(leaves) + 1)))
+
+
+# --- native-mix: one thread: Python work, sorted() (holds the GIL), zlib and hashlib --
+# (release it)
+
+_RNG = random.Random(29)
+_FLOATS = [_RNG.random() for _ in range(20_000)]
+_HALF_MB = _BLOCK * 2
+_TWO_MB = _BIG * 2
+
+
+def py_work(n: int) -> int:
+    t0 = clock()
+    x = 0
+    for i in range(n):
+        x += i * 5 % 3
+    record("py_work", t0)
+    return x
+
+
+def sort_floats() -> float:
+    t0 = clock()
+    out = sorted(_FLOATS)  # C code holding the GIL throughout
+    record("sort_floats", t0)
+    return out[0]
+
+
+def deflate() -> int:
+    t0 = clock()
+    out = zlib.compress(_HALF_MB, 6)  # releases the GIL while it compresses
+    record("deflate", t0)
+    return len(out)
+
+
+def digest() -> int:
+    t0 = clock()
+    out = hashlib.sha256(_TWO_MB).digest()  # releases the GIL for data this large
+    record("digest", t0)
+    return len(out)
+
+
+def native_mix(pace: Pace) -> None:
+    while pace.next():
+        py_work(60000)
+        sort_floats()
+        deflate()
+        digest()
+
+
+# --- gc-alloc: an allocation-heavy loop; a gc.callbacks callback that does nothing ----
+#
+# The collections run inside the allocating function (C code holding the GIL) and
+# are its time. The callback's body is pass: its truth is zero, and its calls are
+# two per collection (start and stop), counted from gc.get_stats().
+
+_KEEP: list[object] = []  # long-lived objects: the older generations' collections have them to walk
+
+
+def build_records(n: int) -> int:
+    t0 = clock()
+    rows = []
+    for i in range(n):  # a loop, not a comprehension: 3.11 gives a comprehension a frame of its own
+        rows.append({"id": i, "tags": [i, i + 1], "pair": (i, str(i))})
+    record("build_records", t0)
+    return len(rows)
+
+
+def sum_fields(n: int) -> int:
+    t0 = clock()
+    x = 0
+    for i in range(n):
+        x += i & 0xFF
+    record("sum_fields", t0)
+    return x
+
+
+def on_gc(phase: str, info: dict[str, int]) -> None:
+    pass
+
+
+def gc_alloc(pace: Pace) -> None:
+    for i in range(100_000):
+        _KEEP.append([i, {"k": i}])
+    collections0 = sum(g["collections"] for g in gc.get_stats())
+    gc.callbacks.append(on_gc)
+    try:
+        while pace.next():
+            build_records(3000)
+            sum_fields(20000)
+    finally:
+        gc.callbacks.remove(on_gc)
+    collections = sum(g["collections"] for g in gc.get_stats()) - collections0
+    with _lock:
+        TRUTH["on_gc"] = 0.0
+        CALLS["on_gc"] = 2 * collections
+
+
 PROGRAMS: dict[str, Callable[[Pace], None]] = {
     "flat": flat,
     "deep": deep,
@@ -584,6 +872,10 @@ PROGRAMS: dict[str, Callable[[Pace], None]] = {
     "recursion": recursion,
     "threads": threads,
     "native": native,
+    "io-mix": io_mix,
+    "deep8": deep8,
+    "native-mix": native_mix,
+    "gc-alloc": gc_alloc,
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import math
 from pathlib import Path
 
@@ -9,18 +10,30 @@ import pytest
 import yappi
 
 from bench.compare import (
+    TRUTH,
     Answer,
+    command,
+    decompress_pprof,
+    dyper_sampler,
+    env,
+    median_shares,
+    merge_answers,
     parse_dyper_report,
+    parse_pprof,
     parse_pstats,
     parse_pyinstrument_session,
     parse_pyspy_raw,
+    per_tool_cpu,
+    samplers_said,
     score,
     score_shares,
     shares,
     spearman,
     stable_from,
+    tool_label,
     top,
 )
+from dyper.monitor.pprof import profile_pb2
 
 
 def test_pyspy_raw_charges_each_line_to_its_leaf() -> None:
@@ -160,3 +173,128 @@ def test_top_five_leaves_out_what_takes_next_to_nothing() -> None:
     want = {"crunch": 0.5, "digest": 0.3, "guarded": 0.195, "nap": 0.004, "wait": 0.001}
     assert score_shares(want, {"crunch": 0.5, "digest": 0.3, "guarded": 0.2})["top5"] == 1.0
     assert score_shares(want, {"crunch": 0.5, "digest": 0.3, "nap": 0.2})["top5"] == pytest.approx(2 / 3)
+
+
+# --- issue 29: ddtrace's pprof, the sampler dyper ran, the CPU stacks per tool CPU ---------------
+
+DD_TYPES = ["cpu-time", "cpu-samples", "wall-time", "wall-samples", "alloc-space", "alloc-samples"]
+
+
+def dd_profile(samples: list[tuple[list[str], list[int]]]) -> bytes:
+    """A pprof profile laid out as ddtrace writes it: stacks leaf first, one function per location."""
+    prof = profile_pb2.Profile()
+    strings = [""]
+
+    def sid(text: str) -> int:
+        if text not in strings:
+            strings.append(text)
+        return strings.index(text)
+
+    for kind in DD_TYPES:
+        prof.sample_type.add(type=sid(kind), unit=sid("nanoseconds" if "time" in kind else "count"))
+    ids: dict[str, int] = {}
+    for stack, values in samples:
+        for name in stack:
+            if name not in ids:
+                ids[name] = len(ids) + 1
+                prof.function.add(id=ids[name], name=sid(name), filename=sid("truth.py"))
+                prof.location.add(id=ids[name]).line.add(function_id=ids[name], line=10 + ids[name])
+        prof.sample.add(location_id=[ids[n] for n in stack], value=values)
+    prof.string_table.extend(strings)
+    return prof.SerializeToString()
+
+
+def test_pprof_cpu_time_goes_to_each_sample_leaf() -> None:
+    data = dd_profile(
+        [
+            # cpu ns, cpu samples, wall ns, wall samples, alloc bytes, alloc samples
+            (["spin_a", "cpu", "<module>"], [3_000_000, 1, 3_100_000, 1, 0, 0]),
+            (["spin_a", "cpu", "<module>"], [2_000_000, 1, 2_000_000, 1, 0, 0]),
+            (["Thread.wait", "<module>"], [0, 1, 5_000_000, 1, 0, 0]),  # a waiting thread: no CPU
+            (["doze", "sleeper"], [10_000, 1, 5_000_000, 1, 0, 0]),
+            (["build_records"], [0, 0, 0, 0, 4096, 1]),  # an allocation sample: no stack sample
+            ([], [1_000_000, 1, 1_000_000, 1, 0, 0]),  # CPU without a stack: counted, no function's
+        ]
+    )
+    a = parse_pprof(data)
+    assert a.self_by_name == pytest.approx({"spin_a": 0.005, "doze": 0.00001})
+    assert a.cpu_stacks == 4  # the samples with CPU time
+    assert a.samples == 5  # every thread stack taken (wall samples)
+    assert parse_pprof(gzip.compress(data)).self_by_name == a.self_by_name
+
+
+def test_pprof_without_cpu_time_is_refused() -> None:
+    prof = profile_pb2.Profile()
+    prof.string_table.extend(["", "alloc-space", "bytes"])
+    prof.sample_type.add(type=1, unit=2)
+    with pytest.raises(ValueError, match="cpu-time"):
+        parse_pprof(prof.SerializeToString())
+
+
+def test_decompress_pprof_reads_zstd_gzip_and_plain() -> None:
+    raw = dd_profile([(["f"], [1, 1, 1, 1, 0, 0])])
+    assert decompress_pprof(raw) == raw
+    assert decompress_pprof(gzip.compress(raw)) == raw
+    zstandard = pytest.importorskip("zstandard")
+    assert decompress_pprof(zstandard.ZstdCompressor().compress(raw)) == raw
+
+
+def test_merge_answers_adds_files_up() -> None:
+    one = Answer(self_by_name={"a": 1.0}, samples=10, cpu_stacks=4)
+    two = Answer(self_by_name={"a": 0.5, "b": 2.0}, calls={"b": 3}, samples=5, cpu_stacks=5)
+    got = merge_answers([one, two])
+    assert got.self_by_name == {"a": 1.5, "b": 2.0}
+    assert got.calls == {"b": 3}
+    assert (got.samples, got.cpu_stacks) == (15, 9)
+
+
+def test_dyper_sampler_from_the_field_or_the_native_counters() -> None:
+    assert dyper_sampler({"sampler": {"name": "native", "why": "DYPER_SAMPLER=native"}}) == "native"
+    assert dyper_sampler({"sampler": "gil"}) == "gil"
+    # the report says nothing; the profile's process does
+    assert dyper_sampler({}, {"sampler": {"name": "gil", "why": "no layout"}}) == "gil"
+    # no field: the native sampler's dropped reads say it ran
+    assert dyper_sampler({}, {"dropped": {"samples": 0, "native_invalid": 2}}) == "native"
+    assert dyper_sampler({"dropped": {"samples": 3}}, {}) is None
+
+
+def test_dyper_report_counts_cpu_stacks_and_the_sampler() -> None:
+    report = {
+        "process": {"samples": 13},
+        "proflets": {"cpu": {"functions": [{"name": "a", "self": 5}, {"name": "b", "self": 2}]}},
+    }
+    a = parse_dyper_report(report, {"process": {"dropped": {"native_torn": 1}}})
+    assert (a.samples, a.cpu_stacks, a.sampler) == (13, 7, "native")
+    assert parse_dyper_report(report).sampler is None
+
+
+def test_samplers_said_and_the_label() -> None:
+    assert samplers_said(["native", "native"]) == "native"
+    assert samplers_said(["native", None, "native", "gil"]) == "native 2, gil 1, not said 1"
+    assert tool_label("dyper-native-1%", {"samplers": "gil"}) == "dyper-native-1% (ran: gil)"
+    assert tool_label("py-spy", {"samplers": None}) == "py-spy"
+
+
+def test_per_tool_cpu() -> None:
+    assert per_tool_cpu(300.0, 0.03) == pytest.approx(10_000.0)
+    assert per_tool_cpu(300.0, -0.01) is None  # a tool CPU at or below zero is noise, not infinite yield
+    assert per_tool_cpu(None, 0.03) is None
+
+
+def test_median_shares() -> None:
+    runs = [{"a": 0.5, "b": 0.5}, {"a": 0.7, "b": 0.3}, {"a": 0.6}]
+    assert median_shares(runs) == pytest.approx({"a": 0.6, "b": 0.3})
+    assert median_shares([]) == {}
+
+
+def test_commands_and_environments_of_the_new_tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DYPER_SAMPLER", "native")  # from the caller: dyper-1% must not inherit it
+    out = tmp_path / "ddprof"
+    dd = command("ddtrace", sys.executable, ["io-mix", "--rounds", "3", "t.json"], out)
+    assert Path(dd[0]).name == "ddtrace-run" and dd[1:3] == [sys.executable, str(TRUTH)]
+    assert env("ddtrace", out)["DD_PROFILING_ENABLED"] == "true"
+    assert env("ddtrace", out)["DD_PROFILING_OUTPUT_PPROF"] == str(out)
+    native = command("dyper-native-1%", sys.executable, ["deep8", "--rounds", "3", "t.json"], tmp_path / "o.json")
+    assert native[1:5] == ["run", "-q", "--budget", "1%"]
+    assert env("dyper-native-1%", out)["DYPER_SAMPLER"] == "native"
+    assert "DYPER_SAMPLER" not in env("dyper-1%", out)
