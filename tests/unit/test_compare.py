@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import math
+import sys
 from pathlib import Path
 
 import pytest
