@@ -160,24 +160,20 @@ def test_top_writes_its_frame_when_terminated(standing_monitor, tmp_path: Path) 
 
 
 def test_run_says_a_program_is_not_python() -> None:
-    began = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "dyper", "run", "--", "/bin/echo", "hi"], capture_output=True, text=True, cwd=REPO
+    # The wait for a last report that cannot come is made a minute long here, so that
+    # a regression (waiting for it) shows whatever the machine's load.
+    script = (
+        "import sys; import dyper.monitor.embedded as e; e.FINAL_REPORT_WAIT_S = 60.0; "
+        "from dyper.monitor.cli import main; sys.exit(main(['run', '--', '/bin/echo', 'hi']))"
     )
+    began = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=100)
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "/bin/echo is not a Python program" in lines[0], proc.stderr
     assert "hi" in proc.stdout  # the program ran, its output is its own
     assert "no samples" not in proc.stdout + proc.stderr
-    # no wait for the agent's last report that cannot come (FINAL_REPORT_WAIT_S): a regression takes 3 s more
-    assert time.monotonic() - began < 2.5 + startup_s()
-
-
-def startup_s() -> float:
-    """What starting the CLI takes on this machine now (imports), so that a bound above is about dyper, not load."""
-    began = time.monotonic()
-    subprocess.run([sys.executable, "-m", "dyper", "run", "-h"], capture_output=True, cwd=REPO, check=True)
-    return time.monotonic() - began
+    assert time.monotonic() - began < 40.0
 
 
 def test_run_says_a_command_is_missing() -> None:
