@@ -1560,7 +1560,10 @@ def _inject_on(tr: _Tracee, target: _Target, payload: bytes, deadline: float) ->
     syms = target.syms
 
     def call_timeout() -> float:
-        return max(1.0, min(5.0, deadline - time.monotonic()))
+        # mmap, the thread start and munmap take microseconds; on a machine loaded
+        # ten times over its cores they were seen to take over 5 s (the attach then
+        # failed). Each may take what is left of the attach's own deadline, 15 s at most.
+        return max(1.0, min(15.0, deadline - time.monotonic()))
 
     thread_size = (_SRC_OFFSET + len(payload) + _PAGE - 1) & ~(_PAGE - 1)
     size = _PAGE + thread_size

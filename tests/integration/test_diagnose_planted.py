@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import REPO, TARGETS, dyper
+from tests.factories import REPO, TARGETS, dyper
 
 MODES = ("spread", "helper", "lock", "loop", "gc", "socket")
 #: Seconds each program is recorded: a few hundred busy samples at 1% on a loaded machine.
