@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dyper.proflets.base import Analyzer, ReportView, SessionView, Status, confidence_of
+from dyper.proflets.threads.analyzer import learn_names
 
 
 class TimingAnalyzer(Analyzer):
@@ -29,7 +30,7 @@ class TimingAnalyzer(Analyzer):
 
     def merge(self, report: ReportView) -> None:
         data = report.data
-        self.names.update(report.threads)
+        learn_names(self.names, report)
         if not data:
             return
         self.cpus = int(data.get("cpus") or report.cpus or 1)
