@@ -9,6 +9,7 @@ must give the same lights and the same cpu rows.
 from __future__ import annotations
 
 import asyncio
+import types
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from dyper.monitor.report import report_of
 from dyper.monitor.server import Monitor
 from dyper.monitor.session import Session
 from dyper.monitor.web.server import Dashboard
+from dyper.proflets.cpu.analyzer import CpuAnalyzer
 
 PID = 4242
 HELLO: dict[str, Any] = {
@@ -126,3 +128,35 @@ def test_a_bare_profile_s_report_has_the_analyzer_s_cpu_light() -> None:
     frames = [Frame("/app/main.py", "main", 1, 2)]
     profile = Profile(frames, [StackCount(1, (0,), 50, 30)], {1: "MainThread"}, {"duration_s": 5.0, "samples": 50})
     assert report_of(profile)["status"]["cpu"] == cpu_light(30, 50).to_json()
+
+
+def test_cpu_seconds_of_a_thread_come_from_its_clock_and_never_pass_the_time_sampled() -> None:
+    # Issue 30: two threads, each always on a CPU or ready for one, 10 s sampled
+    # 100 times. Thread 1 ran "a" 3 s by its clock, thread 2 ran "b" 6 s. A cpu
+    # sample of a thread waiting for the GIL still counts: each pass's worth
+    # (0.1 s) would give "a" 10 s.
+    frames = [Frame("/app/main.py", "a", 5, 6), Frame("/app/main.py", "b", 9, 10)]
+    stacks = [StackCount(1, (0,), 100, 100), StackCount(2, (1,), 100, 100)]
+    process = {"window_s": 10.0, "samples": 100}
+    threads = {"threads": [{"ident": 1, "run_s": 3.0, "gil_pct": 70.0}, {"ident": 2, "run_s": 6.0, "gil_pct": 40.0}]}
+    profile = Profile(frames, stacks, {1: "one", 2: "two"}, process, proflets={"results": {"threads": threads}})
+    rows = {r["name"]: r for r in report_of(profile)["proflets"]["cpu"]["functions"]}
+    assert rows["a"]["self_s"] == pytest.approx(3.0) and rows["a"]["total_s"] == pytest.approx(3.0)
+    assert rows["b"]["self_s"] == pytest.approx(6.0)
+    # The timing proflet's clocks serve as well; a clock above the time sampled is capped at it.
+    timing = {"threads": [{"ident": 1, "cpu_s": 3.0}, {"ident": 2, "cpu_s": 20.0}]}
+    profile = Profile(frames, stacks, {1: "one", 2: "two"}, process, proflets={"results": {"timing": timing}})
+    rows = {r["name"]: r for r in report_of(profile)["proflets"]["cpu"]["functions"]}
+    assert rows["a"]["self_s"] == pytest.approx(3.0) and rows["b"]["self_s"] == pytest.approx(10.0)
+    # Without clocks (the threads proflet off in the agent): the pass's worth, as before.
+    no_clocks = {"threads": [{"ident": 1, "run_s": 0.0, "gil_pct": None}]}
+    profile = Profile(frames, stacks, {1: "one", 2: "two"}, process, proflets={"results": {"threads": no_clocks}})
+    rows = {r["name"]: r for r in report_of(profile)["proflets"]["cpu"]["functions"]}
+    assert rows["a"]["self_s"] == pytest.approx(10.0)
+
+
+def test_no_call_counted_is_no_rate_not_zero_per_second() -> None:
+    session = types.SimpleNamespace(calls={("/app/main.py", "a", 5): [0.0, 4.0], ("/app/main.py", "b", 9): [8.0, 2.0]})
+    session.calls_per_s = lambda: {k: n / s for k, (n, s) in session.calls.items()}
+    rates = {(r["name"]): r["calls_per_s"] for r in CpuAnalyzer(session).results()["call_rates"]}
+    assert rates == {"b": 4.0}  # "a" ran across the bursts without a call beginning in them
