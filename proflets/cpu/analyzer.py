@@ -62,6 +62,7 @@ class CpuAnalyzer(Analyzer):
     """Per function and line shares from the session's stacks, with the call counts detailing measured."""
 
     name = "cpu"
+    FROM_SAMPLES = True
     #: native rows in the report, and the share of a function's time a C
     #: call must take to be a finding
     NATIVE_ROWS = 30

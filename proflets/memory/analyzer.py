@@ -235,6 +235,9 @@ class MemoryAnalyzer(Analyzer):
     def merge_detail(self, burst: Mapping[str, Any]) -> None:
         self.allocations.add(burst)
 
+    def has_data(self) -> bool:
+        return self.seconds > 0 or self.allocations.bursts + self.allocations.skipped > 0
+
     def _window(self, start: float | None, end: float | None) -> tuple[list[_Report], _Report]:
         """The window's reports and their sum (rss: the last one's)."""
         if start is None and end is None:

@@ -42,6 +42,7 @@ def _seconds(row: list[float], window_s: float, samples: int) -> float:
 
 class ThreadsAnalyzer(Analyzer):
     name = "threads"
+    FROM_SAMPLES = True
 
     def __init__(self, session: SessionView | None = None) -> None:
         super().__init__(session)

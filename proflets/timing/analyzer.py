@@ -54,6 +54,9 @@ class TimingAnalyzer(Analyzer):
             self.cpu[ident] = self.cpu.get(ident, 0.0) + v
         self.seconds += report.window_s
 
+    def has_data(self) -> bool:
+        return self.seconds > 0 or sum(self.hist) > 0
+
     def merge_detail(self, burst: Mapping[str, Any]) -> None:
         self.burst_s += float(burst.get("length_s") or 0.0)
         self.runqueue_ns += sum(float(v) for _, v in burst.get("runqueue_ns") or ())

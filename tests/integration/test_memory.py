@@ -123,6 +123,8 @@ def test_attach_details_with_stacks_and_detach_leaves_nothing(standing_monitor, 
             proc = dyper("report", str(target.pid), "--json", "--monitor", endpoint, check=True)
             report: dict[str, Any] = json.loads(proc.stdout)
             p = report["proflets"]
+            if "memory" not in p or "memory_stacks" not in p:
+                return None  # "no data yet" (in report["off"]) until each has something
             ok = p["memory"]["seconds"] > 5 and p["memory"]["bursts"] and p["memory_stacks"]["bursts"]
             return report if ok else None
 
@@ -160,7 +162,9 @@ def test_an_application_tracing_itself_is_left_alone(standing_monitor, tmp_path)
         def skipped_and_forced() -> dict[str, Any] | None:
             # Waited for, not given a fixed time: on a loaded machine the first burst can come late.
             proc = dyper("report", str(target.pid), "--json", "--monitor", endpoint, check=True)
-            memory: dict[str, Any] = json.loads(proc.stdout)["proflets"]["memory"]
+            memory: dict[str, Any] | None = json.loads(proc.stdout)["proflets"].get("memory")
+            if memory is None:
+                return None  # "no data yet" until its first report
             forced = [r for r in memory["gc"]["pauses_by_site"] if r["function"] == "force_collection"]
             return memory if memory.get("skipped") and forced else None
 

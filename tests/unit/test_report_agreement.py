@@ -160,3 +160,49 @@ def test_no_call_counted_is_no_rate_not_zero_per_second() -> None:
     session.calls_per_s = lambda: {k: n / s for k, (n, s) in session.calls.items()}
     rates = {(r["name"]): r["calls_per_s"] for r in CpuAnalyzer(session).results()["call_rates"]}
     assert rates == {"b": 4.0}  # "a" ran across the bursts without a call beginning in them
+
+
+def test_a_proflet_off_or_not_yet_run_is_said_never_shown_as_zeros() -> None:
+    # Issue 30: timing not asked for showed "cores used 0.00 on 1 processors".
+    # Here the agent runs cpu, threads and memory; memory has detailed
+    # nothing yet and sent nothing; heap was switched off in the target.
+    running = {"ovhd_ms": 1.0, "slow": 0.0, "itvl_ms": 500.0, "prty": 0.5, "allows": [], "detailing": False}
+    monitor = Monitor("tcp://127.0.0.1:0")  # not started: no socket is opened
+    session = Session(("h", PID, 100.0), HELLO, monitor.frames)
+    state = session.add_agent(HELLO)
+    for seq in range(1, 4):
+        report = _report(seq, hot=20, sleeping=10)
+        report["proflets"] = {
+            "cpu": running,
+            "threads": running,
+            "memory": running,
+            "heap": {"off": "the heap census needs gc.get_objects"},
+        }
+        report["delays"] = {"sample": 0.01, "report": 1.0, "detail.memory": 40.0}
+        session.ingest(state, report)
+    monitor.sessions[session.key] = session
+    cli = _cli_report(monitor)
+    off = cli["off"]
+    assert off["timing"].startswith("not running: not among the proflets asked for"), off
+    assert off["heap"] == "not running: the heap census needs gc.get_objects", off
+    assert off["memory"] == "no data yet, 3 s of 40 before its first detailing", off
+    for name in ("timing", "heap", "memory", "memory_stacks"):
+        assert name not in cli["proflets"] and name not in cli["status"], name
+    # the basic analyses from the samples stay
+    assert {"cpu", "threads", "io"} <= set(cli["proflets"]) and {"cpu", "threads"} <= set(cli["status"])
+    # the dashboard and dyper top say the same
+    assert _dashboard_summary(monitor, session, "")["off"] == off
+    from dyper.monitor.views import top_view
+
+    assert top_view(session)["off"] == off
+    # and dyper report's text
+    import io
+
+    from rich.console import Console
+
+    from dyper.monitor.commands.report import render
+
+    out = io.StringIO()
+    render(cli, Console(file=out, width=300), 10)
+    assert "memory: no data yet, 3 s of 40 before its first detailing" in out.getvalue()
+    assert "timing: not running" in out.getvalue() and "cores used" not in out.getvalue()
