@@ -186,14 +186,19 @@ def proflets_off(session: Session) -> dict[str, str]:
     for name, analyzer in session.analyzers.items():
         if name not in running and name in switched_off:
             off[name] = f"not running: {switched_off[name]}"
-        elif name not in running and told and not analyzer.FROM_SAMPLES:
+            continue
+        try:
+            if analyzer.has_data():
+                continue
+        except Exception as exc:
+            off[name] = f"analyzer failed: {type(exc).__name__}: {exc}"
+            continue
+        # The agent lists the proflets that detail; one that only reports is
+        # known to run by what it sent.
+        if name not in running and told and not analyzer.FROM_SAMPLES:
             off[name] = "not running: not among the proflets asked for (--proflets, DYPER_PROFLETS)"
         else:
-            try:
-                if not analyzer.has_data():
-                    off[name] = no_data_yet(elapsed_s, delays.get(name))
-            except Exception as exc:
-                off[name] = f"analyzer failed: {type(exc).__name__}: {exc}"
+            off[name] = no_data_yet(elapsed_s, delays.get(name))
     for name, why in session.analyzers_off.items():
         off.setdefault(name, why)
     return off
