@@ -7,9 +7,10 @@ import gc
 import math
 import os
 import sys
+import sysconfig
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import CodeType, FunctionType, ModuleType
 from typing import Any, ClassVar
 
@@ -24,6 +25,34 @@ OWN_DIRS = tuple(
     os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), pkg) + os.sep
     for pkg in ("agent", "proflets", "monitor")
 )
+
+#: The standard library's and the installed packages' folders: frames there
+#: are passed over to the code that called them when deciding whose an
+#: allocation is (see _dyper_s).
+LIB_DIRS = tuple(
+    sorted(
+        {
+            os.path.join(os.path.abspath(v), "")
+            for k, v in sysconfig.get_paths().items()
+            if k in ("stdlib", "platstdlib", "purelib", "platlib") and isinstance(v, str)
+        }
+    )
+)
+
+
+def _dyper_s(frames: Sequence[tuple[str, int]]) -> bool:
+    """Whether an allocation is dyper's: the first frame, newest first, outside the libraries is dyper's own.
+
+    msgpack's packb called by the agent is dyper's; the application's code
+    started from a dyper frame further down (a bootstrap) is not.
+    """
+    for file, _ in frames:
+        if file.startswith(OWN_DIRS):
+            return True
+        if not file.startswith(LIB_DIRS):
+            return False
+    return False
+
 
 #: Sites the GC table keeps in the target; past it, new sites share one row.
 MAX_GC_SITES = 500
@@ -439,6 +468,10 @@ class AllocationSites(Collector):
     DETAILS = True
     #: frames per traceback
     NFRAME: ClassVar[int] = 1
+    #: frames tracemalloc keeps: one more than a site shows when it shows one,
+    #: so that an allocation made in a library for dyper (msgpack's packb
+    #: encoding a report) is known by its caller and left out with dyper's own
+    TRACE_FRAMES: ClassVar[int] = 2
     # tracemalloc slows allocation, and so what cpu's call counts and io's
     # timings would see; threads and timing measure the kernel's figures.
     ALLOWS: ClassVar[frozenset[str]] = frozenset({"threads", "timing"})
@@ -479,7 +512,7 @@ class AllocationSites(Collector):
         # Each traced allocation costs 0.3 us (one frame) to 5 us (eight): a short loop is enough.
         # (paired_best runs it twice per state and run.)
         n = 1000
-        plain, hooked = paired_best(3, lambda: _churn(n), lambda: tracemalloc.start(self.NFRAME), tracemalloc.stop)
+        plain, hooked = paired_best(3, lambda: _churn(n), lambda: tracemalloc.start(self._frames()), tracemalloc.stop)
         return max(1.0, hooked / plain) if plain > 0 else 1.0
 
     def start_detail(self, ctx: DetailContext) -> None:
@@ -497,7 +530,7 @@ class AllocationSites(Collector):
         else:
             if self._factor is None:
                 self._factor = self._calibrate()
-            tracemalloc.start(self.NFRAME)
+            tracemalloc.start(self._frames())
             self._ours = True
         self._running = True
         self._started = time.perf_counter()
@@ -549,12 +582,20 @@ class AllocationSites(Collector):
         self._result["nframe"] = min(self.NFRAME, limit)
         self._result["factor"] = self._factor
 
+    def _frames(self) -> int:
+        return max(self.NFRAME, self.TRACE_FRAMES)
+
     def _aggregate(self, traces: Iterable[tuple[Any, ...]], limit: int) -> dict[tuple[Any, ...], list[int]]:
-        """(count, bytes) per traceback (newest frame first, NFRAME frames at most)."""
+        """(count, bytes) per traceback (newest frame first, NFRAME frames at most).
+
+        dyper's own allocations (any frame kept in dyper's code: the agent
+        encoding a report through msgpack, say) go under the empty traceback.
+        """
         n = min(self.NFRAME, limit)
         out: dict[tuple[Any, ...], list[int]] = {}
         for trace in traces:
-            key = trace[2][:n]
+            frames = trace[2]
+            key = () if _dyper_s(frames) else frames[:n]
             row = out.get(key)
             if row is None:
                 out[key] = [1, trace[1]]

@@ -40,7 +40,7 @@ def _loaded_chain(code: Any, lasti: int) -> tuple[str, list[str]] | None:
     For a call (``lock.acquire()``, a Condition's ``self._lock.__enter__()``)
     the chain ends before the method.
     """
-    from dyper.agent.tables import _instructions
+    from dyper.agent.tables import ARG, ARGVAL, OPNAME, _instructions
 
     offsets, steps = _instructions(code)
     try:
@@ -48,27 +48,27 @@ def _loaded_chain(code: Any, lasti: int) -> tuple[str, list[str]] | None:
     except ValueError:
         return None
     here = steps[at]
-    if here.opname == "PRECALL" and at + 1 < len(steps):
+    if here[OPNAME] == "PRECALL" and at + 1 < len(steps):
         at += 1
         here = steps[at]
     i = at - 1
     attrs: list[str] = []
-    if here.opname in ("CALL", "CALL_KW") and (here.arg or 0) == 0:
+    if here[OPNAME] in ("CALL", "CALL_KW") and (here[ARG] or 0) == 0:
         # obj.method(): skip the method's own load, keep what it was loaded from
-        while i >= 0 and steps[i].opname in ("PRECALL", "PUSH_NULL"):
+        while i >= 0 and steps[i][OPNAME] in ("PRECALL", "PUSH_NULL"):
             i -= 1
-        if i < 0 or steps[i].opname not in _ATTRS:
+        if i < 0 or steps[i][OPNAME] not in _ATTRS:
             return None
         i -= 1
-    elif here.opname != "BEFORE_WITH":
+    elif here[OPNAME] != "BEFORE_WITH":
         return None
-    while i >= 0 and steps[i].opname in _ATTRS:
-        attrs.append(str(steps[i].argval))
+    while i >= 0 and steps[i][OPNAME] in _ATTRS:
+        attrs.append(str(steps[i][ARGVAL]))
         i -= 1
-    if i < 0 or steps[i].opname not in _ROOTS:
+    if i < 0 or steps[i][OPNAME] not in _ROOTS:
         return None
     attrs.reverse()
-    return str(steps[i].argval), attrs
+    return str(steps[i][ARGVAL]), attrs
 
 
 def _plain_attr(obj: object, name: str) -> object | None:
