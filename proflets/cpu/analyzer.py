@@ -94,14 +94,15 @@ class CpuAnalyzer(Analyzer):
         """The C calls the candidates made, dearest first: Paradyn-J's VM-interaction cost per method."""
         # A function's own time counts only its activations that began and
         # ended inside a burst; its C calls count each call that did. One
-        # that ran across a burst's edge has C calls timed and no own time:
-        # the function took at least as long as its C calls took.
+        # that ran across a burst's edge (a loop that never returns) has C
+        # calls timed and little or no own time: its share is not known
+        # (None), never above 100% nor a finding.
         calls_s: dict[Key, float] = {}
         for (key, _), (_, sec) in self.native_calls.items():
             calls_s[key] = calls_s.get(key, 0.0) + sec
         rows: list[dict[str, Any]] = []
         for (key, callee), (n, sec) in sorted(self.native_calls.items(), key=lambda kv: -kv[1][1]):
-            own = max(self.native_own.get(key, 0.0), calls_s[key])
+            own = self.native_own.get(key, 0.0)
             rows.append(
                 {
                     "function": key[1],
@@ -110,7 +111,7 @@ class CpuAnalyzer(Analyzer):
                     "callee": callee,
                     "calls": int(n),
                     "seconds": sec,
-                    "pct_of_function": 100.0 * sec / own if own > 0 else None,
+                    "pct_of_function": 100.0 * sec / own if own > 0 and calls_s[key] <= own else None,
                 }
             )
             if len(rows) == self.NATIVE_ROWS:
