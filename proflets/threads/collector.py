@@ -6,7 +6,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import FrameType
 from typing import Any, ClassVar
 
@@ -195,8 +195,12 @@ class ThreadClocks:
         self._others = others
         return grown
 
-    def read(self) -> dict[int, tuple[int, float]]:
-        """Python ident -> (kernel thread id, CPU seconds since profiling began); ended threads once more."""
+    def read(self, also_ended: Iterable[int] = ()) -> dict[int, tuple[int, float]]:
+        """Python ident -> (kernel thread id, CPU seconds since profiling began); ended threads once more.
+
+        ``also_ended``: threads known to have ended that a read may never have
+        seen alive (started and ended between two reads: ThreadNames saw them).
+        """
         live = {
             ident: (native, cpu - self._baseline.get(native, 0.0)) for ident, (native, cpu) in read_clocks().items()
         }
@@ -204,6 +208,9 @@ class ThreadClocks:
         others = self._others_growth()
         out = dict(live)
         ended = {i: v for i, v in self._last.items() if i not in live}
+        for ident in also_ended:
+            if ident not in live and ident not in ended:
+                ended[ident] = (0, 0.0)  # never read: all it ran is in the process's rest
         if ended:
             # the process's CPU time since the last read that no living thread's clock accounts for
             lived = 0.0
@@ -300,9 +307,10 @@ class ThreadsCollector(Collector):
         return None
 
     def report(self, ctx: ReportContext) -> dict[str, Any] | None:
-        threads = [[ident, native, cpu] for ident, (native, cpu) in self._clocks.read().items()]
-        out: dict[str, Any] = {"threads": threads}
         ended = self._names.ended()
+        clocks = self._clocks.read(int(ident) for ident, _ in ended)
+        threads = [[ident, native, cpu] for ident, (native, cpu) in clocks.items()]
+        out: dict[str, Any] = {"threads": threads}
         if ended:
             out["names"] = ended
         lock_leaves = {tid for (tid, stack), _ in ctx.counts.items() if stack and ctx.loc_flags(stack[0]) & LOC_LOCK}

@@ -36,9 +36,10 @@ class TimingCollector(Collector):
         self._names.look()
 
     def report(self, ctx: ReportContext) -> dict[str, Any] | None:
-        threads = [[ident, cpu] for ident, (_, cpu) in self._clocks.read().items()]
-        out: dict[str, Any] = {"activity": list(ctx.activity), "threads": threads, "cpus": _cpus()}
         ended = self._names.ended()
+        clocks = self._clocks.read(int(ident) for ident, _ in ended)
+        threads = [[ident, cpu] for ident, (_, cpu) in clocks.items()]
+        out: dict[str, Any] = {"activity": list(ctx.activity), "threads": threads, "cpus": _cpus()}
         if ended:
             out["names"] = ended
         return out

@@ -97,3 +97,23 @@ def test_time_in_the_run_queue_is_not_called_the_gil() -> None:
     [row] = analyzer.results()["threads"]
     assert row["gil_pct"] is not None and row["gil_pct"] < 5.0, row
     assert not any("GIL" in f for f in analyzer.findings())
+
+
+def test_a_thread_that_lived_only_between_two_reads_gets_the_cpu_it_used() -> None:
+    used = {}
+
+    def worker() -> None:
+        used["end"] = _burn(0.3)
+
+    clocks, names = ThreadClocks(), ThreadNames()
+    clocks.read()
+    t = threading.Thread(target=worker, name="brief")
+    t.start()
+    while t.ident is None:
+        time.sleep(0.001)
+    names.look()  # a batch of samples saw it
+    t.join(10)
+    ended = names.ended()
+    assert [t.ident, "brief"] in ended
+    got = clocks.read(int(i) for i, _ in ended)
+    assert abs(got[t.ident or 0][1] - used["end"]) <= 0.1, (got, used)
