@@ -194,7 +194,10 @@ def test_gc_pauses_at_the_default_budget_against_the_program_s_own_timer(tmp_pat
     report = json.loads(out.read_text())["proflets"]
     gc = report["results"]["memory"]["gc"]
     # The collections the program timed were all triggered in churn(); the
-    # watch saw part of them (about half at 1%) and extrapolated.
-    churn = sum(r["pause_s"] for r in gc["pauses_by_site"] if r["function"] == "churn")
-    assert 0.6 * truth["pause_s"] <= churn <= 1.4 * truth["pause_s"], (churn, truth, gc["watched_pct"])
+    # watch saw part of them (30 to 45% of the time at 1%) and extrapolated:
+    # within 0.85 to 1.08 of the truth in 8 runs on 3.11 and 3.12 (0.9 to 1.5
+    # when a stretch's few watched collections set its mean pause).
+    sites = ("churn", "(not watched)")
+    churn = sum(r["pause_s"] for r in gc["pauses_by_site"] if r["function"] in sites)
+    assert 0.7 * truth["pause_s"] <= churn <= 1.3 * truth["pause_s"], (churn, truth, gc["watched_pct"])
     assert any("garbage collection pauses take" in f and "churn" in f for f in report["findings"]), report
