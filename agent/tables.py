@@ -63,10 +63,27 @@ _CALLS = frozenset({"CALL", "CALL_FUNCTION_EX", "CALL_KW"})
 _SKIP = frozenset({"PRECALL", "KW_NAMES", "CACHE", "EXTENDED_ARG", "NOP", "PUSH_NULL"})
 
 
-def _effect(ins: dis.Instruction) -> int:
-    if ins.opcode >= dis.HAVE_ARGUMENT:
-        return dis.stack_effect(ins.opcode, ins.arg)
-    return dis.stack_effect(ins.opcode)
+#: One decoded instruction: (opname, arg, argval when it is a name (else None),
+#: opcode). A plain tuple of strings and ints, not the dis.Instruction (and its
+#: dis.Positions) it is read from: kept in the cache below, those showed in the
+#: heap census as the application's growing types. The garbage collector stops
+#: tracking an exact tuple of untracked values at its next pass, so a census
+#: (gc.get_objects) does not see these at all: dyper stays out of what it measures.
+Step = tuple[str, "int | None", "str | None", int]
+OPNAME: Final = 0
+ARG: Final = 1
+ARGVAL: Final = 2
+
+
+def _step(ins: dis.Instruction) -> Step:
+    return (ins.opname, ins.arg, ins.argval if isinstance(ins.argval, str) else None, ins.opcode)
+
+
+def _effect(ins: Step) -> int:
+    opcode, arg = ins[3], ins[ARG]
+    if opcode >= dis.HAVE_ARGUMENT:
+        return dis.stack_effect(opcode, arg)
+    return dis.stack_effect(opcode)
 
 
 _LOADS = frozenset(
@@ -77,16 +94,16 @@ _LOADS = frozenset(
 #: Decoded instructions of the code objects seen most recently: a function's
 #: call sites are usually interned close together, and decoding is the cost.
 _DECODED_CACHE_SIZE: Final = 256
-_decoded: dict[int, tuple[CodeType, list[int], list[dis.Instruction]]] = {}
+_decoded: dict[int, tuple[CodeType, tuple[int, ...], tuple[Step, ...]]] = {}
 
 
-def _instructions(code: CodeType) -> tuple[list[int], list[dis.Instruction]]:
+def _instructions(code: CodeType) -> tuple[tuple[int, ...], tuple[Step, ...]]:
     entry = _decoded.get(id(code))
     if entry is None or entry[0] is not code:
         # PRECALL stays: 3.11's specialised PRECALL makes the C call itself,
         # so a thread blocked in C can sit there rather than at the CALL.
         instructions = [ins for ins in dis.get_instructions(code) if ins.opname not in _SKIP or ins.opname == "PRECALL"]
-        entry = (code, [ins.offset for ins in instructions], instructions)
+        entry = (code, tuple(ins.offset for ins in instructions), tuple(_step(ins) for ins in instructions))
         if len(_decoded) >= _DECODED_CACHE_SIZE:
             # pop, not del: a stopping agent may clear the cache meanwhile (forget_decoded)
             _decoded.pop(next(iter(_decoded), 0), None)
@@ -117,21 +134,21 @@ def callee_name(code: CodeType, lasti: int) -> str | None:
         if at >= len(offsets) or offsets[at] != lasti:
             return None
         call = steps[at]
-        if call.opname == "PRECALL" and at + 1 < len(steps):
+        if call[OPNAME] == "PRECALL" and at + 1 < len(steps):
             call = steps[at + 1]
-        if call.opname not in _CALLS:
+        if call[OPNAME] not in _CALLS:
             return None
-        if call.opname == "CALL_FUNCTION_EX":
-            args = 1 + ((call.arg or 0) & 1)  # positional tuple, maybe a kwargs dict
+        if call[OPNAME] == "CALL_FUNCTION_EX":
+            args = 1 + ((call[ARG] or 0) & 1)  # positional tuple, maybe a kwargs dict
         else:
-            args = (call.arg or 0) + (1 if call.opname == "CALL_KW" else 0)
+            args = (call[ARG] or 0) + (1 if call[OPNAME] == "CALL_KW" else 0)
         # Backwards: the first instruction that takes the depth past the
         # arguments is the one that pushed the callable's root (``time`` in
         # ``time.sleep``) ...
         depth = 0
         i = at - 1
         while i >= 0:
-            if steps[i].opname == "PRECALL":
+            if steps[i][OPNAME] == "PRECALL":
                 i -= 1
                 continue
             depth += _effect(steps[i])
@@ -140,15 +157,15 @@ def callee_name(code: CodeType, lasti: int) -> str | None:
             i -= 1
         else:
             return None
-        name = steps[i].argval if steps[i].opname in _LOADS else None
+        name = steps[i][ARGVAL] if steps[i][OPNAME] in _LOADS else None
         # ... forwards: attribute loads applied to it at the same depth (``.sleep``)
         # refine it into the callable itself.
         depth = 0
         for ins in steps[i + 1 : at]:
-            if ins.opname == "PRECALL":
+            if ins[OPNAME] == "PRECALL":
                 continue
-            if depth == 0 and ins.opname in ("LOAD_ATTR", "LOAD_METHOD"):
-                name = ins.argval
+            if depth == 0 and ins[OPNAME] in ("LOAD_ATTR", "LOAD_METHOD"):
+                name = ins[ARGVAL]
             depth += _effect(ins)
         return name if isinstance(name, str) else None
     except Exception:  # odd code objects must never break sampling
@@ -174,7 +191,7 @@ def _opname_at(code: CodeType, lasti: int) -> str | None:
     try:
         offsets, steps = _instructions(code)
         at = bisect.bisect_left(offsets, lasti)
-        return steps[at].opname if at < len(offsets) and offsets[at] == lasti else None
+        return steps[at][OPNAME] if at < len(offsets) and offsets[at] == lasti else None
     except Exception:  # as in callee_name: never break the agent on odd code
         return None
 

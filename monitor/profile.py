@@ -135,29 +135,81 @@ def profile_job(
 def proflet_sections(session: Session, start: float | None = None, end: float | None = None) -> dict[str, Any]:
     """Status, findings and results of every analyzer of ``session``, for reports ending in (start, end].
 
-    Where a proflet is not there, ``off`` says why: its collector was
-    switched off in the target, or its analyzer failed to load, to start or
-    to answer (one broken analyzer must not take the report with it).
+    Where a proflet is not there, ``off`` says why, and it has no results,
+    light or findings (off or not yet run is said, never shown as zeros): its
+    collector does not run in the target ("not running": not among the
+    proflets asked for, or switched off, with the reason), it has measured
+    nothing yet ("no data yet, N s of M": N seconds into the run, M the delay
+    the plan gives before its detailing), or its analyzer failed to load, to
+    start or to answer (one broken analyzer must not take the report with it).
+    A proflet with a basic analysis from the samples alone
+    (``Analyzer.FROM_SAMPLES``) keeps its results with its collector off.
     """
     status: dict[str, Any] = {}
     results: dict[str, Any] = {}
     findings: list[str] = []
-    errors: dict[str, str] = {}
+    off = proflets_off(session)
     for name, analyzer in session.analyzers.items():
+        if name in off and not (analyzer.FROM_SAMPLES and off[name].startswith("not running")):
+            continue
         try:
             results[name] = analyzer.results(start, end)
             status[name] = analyzer.status().to_json()
             findings.extend(analyzer.findings())
         except Exception as exc:
-            errors[name] = f"analyzer failed: {type(exc).__name__}: {exc}"
+            off[name] = f"analyzer failed: {type(exc).__name__}: {exc}"
+            results.pop(name, None)
+            status.pop(name, None)
+    return {"status": status, "results": results, "findings": findings, "off": off}
+
+
+def proflets_off(session: Session) -> dict[str, str]:
+    """Why each proflet of ``session`` that is not there is not: "not running: ...", "no data yet, N s of M", or
+    its analyzer's failure (see :func:`proflet_sections`). Cheap: no analysis is run."""
     off: dict[str, str] = {}
+    switched_off: dict[str, str] = {}
+    running: set[str] = set()
+    told = False  # an agent has said which proflets it runs
+    elapsed_s = 0.0
+    delays: dict[str, float] = {}
     for agent in session.agents.values():
+        told = told or bool(agent.proflets)
+        elapsed_s = max(elapsed_s, agent.elapsed_s)
         for name, state in agent.proflets.items():
             if isinstance(state, dict) and "off" in state:
-                off[name] = str(state["off"])
-    off.update(session.analyzers_off)
-    off.update(errors)
-    return {"status": status, "results": results, "findings": findings, "off": off}
+                switched_off[name] = str(state["off"])
+            else:
+                running.add(name)
+        for key, delay in agent.delays.items():
+            if key.startswith("detail.") and isinstance(delay, int | float):
+                delays[key[len("detail.") :]] = float(delay)
+    for name, analyzer in session.analyzers.items():
+        if name not in running and name in switched_off:
+            off[name] = f"not running: {switched_off[name]}"
+            continue
+        try:
+            if analyzer.has_data():
+                continue
+        except Exception as exc:
+            off[name] = f"analyzer failed: {type(exc).__name__}: {exc}"
+            continue
+        # The agent lists the proflets that detail; one that only reports is
+        # known to run by what it sent.
+        if name not in running and told and not analyzer.FROM_SAMPLES:
+            off[name] = "not running: not among the proflets asked for (--proflets, DYPER_PROFLETS)"
+        else:
+            off[name] = no_data_yet(elapsed_s, delays.get(name))
+    for name, why in session.analyzers_off.items():
+        off.setdefault(name, why)
+    return off
+
+
+def no_data_yet(elapsed_s: float, delay_s: float | None) -> str:
+    """What a running proflet with nothing measured yet says: "no data yet, N s of M"."""
+    if delay_s is None or delay_s <= 0:
+        return f"no data yet, {elapsed_s:.0f} s into the run"
+    late = " (waiting in the queue for the budget)" if elapsed_s > delay_s else ""
+    return f"no data yet, {elapsed_s:.0f} s of {delay_s:.0f} before its first detailing{late}"
 
 
 def _service_profile(service: Service, window: WindowSpec | None = None) -> Profile:

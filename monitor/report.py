@@ -92,7 +92,26 @@ def cpu_section(profile: Profile, analyzer: Any = None) -> dict[str, Any]:
             except (KeyError, TypeError, ValueError):
                 continue  # a malformed row (a damaged saved profile) adds nothing
     return {
-        "functions": cpu_functions(profile, rates),
+        "functions": cpu_functions(profile, rates, thread_clocks(profile)),
         "lines": line_table(profile, floor_pct=FLOOR_PCT),
         "native": native,
     }
+
+
+def thread_clocks(profile: Profile) -> dict[int, float]:
+    """Each thread's CPU seconds over the profile's span, as the threads (or else the timing) proflet read its clock."""
+    results = (profile.proflets or {}).get("results") or {}
+    for name, column in (("threads", "run_s"), ("timing", "cpu_s")):
+        section = results.get(name)
+        rows = section.get("threads") if isinstance(section, dict) else None
+        if not rows or (name == "threads" and any(r.get("gil_pct") is None for r in rows if isinstance(r, dict))):
+            continue  # no clocks: the threads proflet ran in the monitor only
+        clocks: dict[int, float] = {}
+        for row in rows:
+            try:
+                clocks[int(row["ident"])] = float(row[column])
+            except (KeyError, TypeError, ValueError):
+                continue  # a malformed row (a damaged saved profile) adds nothing
+        if clocks:
+            return clocks
+    return {}

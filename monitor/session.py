@@ -511,7 +511,10 @@ class Session:
             order.append(i)
             values += (n, cpu)
         for tid, name in report.get("threads") or ():
-            self.threads[tid] = name
+            # An agent that no longer finds a thread (it ended) sends a stand-in
+            # name: the real one, once known, stays.
+            if tid not in self.threads or name != f"thread-{tid}":
+                self.threads[tid] = name
         self.samples += report["samples"]
         self.reports += 1
         t = float(report["t"])
@@ -640,7 +643,7 @@ class Session:
     def _feed_analyzers(self, report: protocol.Report, t: float, kinds: dict[int, dict[str, int]]) -> None:
         data = report.get("data") if isinstance(report.get("data"), dict) else {}
         assert isinstance(data, dict)
-        names = {int(tid): str(name) for tid, name in report.get("threads") or ()}
+        names = {int(tid): self.threads.get(int(tid), str(name)) for tid, name in report.get("threads") or ()}
         for name, analyzer in self.analyzers.items():
             mine = data.get(name)
             view = ReportView(

@@ -18,7 +18,7 @@ from rich.text import Text
 
 from dyper.agent.budget import slowdown_by
 from dyper.monitor.model.profile import FLOOR_PCT, Profile
-from dyper.monitor.profile import build_profile
+from dyper.monitor.profile import build_profile, proflets_off
 from dyper.monitor.session import Session
 from dyper.monitor.windows import WindowSpec
 
@@ -126,6 +126,7 @@ def top_view(
         "functions": rows[:limit],
         "by_total": sorted(rows, key=lambda r: -r["total"])[:limit],
         "dropped": profile.process.get("dropped", {}),
+        "off": proflets_off(session),
     }
 
 
@@ -263,6 +264,10 @@ def render_top(view: dict[str, Any], title: str | None = None) -> Group:
         )
         more = f"  and {service['processes'] - 12} more" if service["processes"] > 12 else ""
         parts.insert(1, Text(f"processes: {rows}{more}", style="dim"))
+    off = view.get("off") or {}
+    if off:
+        # a proflet off or not yet run is said, never left to look like zeros
+        parts.append(Text("   ".join(f"{name}: {why}" for name, why in sorted(off.items())), style="dim"))
     dropped = {k: v for k, v in view.get("dropped", {}).items() if v}
     if dropped:
         parts.append(Text(f"dropped while the monitor was away: {dropped}", style="yellow"))

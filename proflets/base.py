@@ -325,6 +325,10 @@ class Analyzer:
     """Base class: the hooks an analyzer may override. Every one has a safe default."""
 
     name: ClassVar[str] = ""
+    #: True: the analyzer has a basic analysis from the stack samples alone
+    #: (cpu, threads, io), so it has results whether its collector runs or not;
+    #: False: without its collector it has nothing, and the report says "not running"
+    FROM_SAMPLES: ClassVar[bool] = False
 
     def __init__(self, session: SessionView | None = None) -> None:
         #: what the analyzer may read of its process's session (not the session itself: see SessionView)
@@ -352,6 +356,10 @@ class Analyzer:
     def findings(self) -> list[str]:
         """Noteworthy things, in plain words, for the summary."""
         return []
+
+    def has_data(self) -> bool:
+        """Whether anything has been measured yet; False: the report says "no data yet", never zeros."""
+        return True
 
     def state(self) -> dict[str, Any]:
         """What history keeps (plain data)."""

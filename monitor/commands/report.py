@@ -153,7 +153,7 @@ def render(report: dict[str, Any], console: Console, limit: int = 20) -> None:
     for text in report.get("findings") or ():
         console.print(f"[yellow]finding:[/] {text}")
     for name, why in sorted((report.get("off") or {}).items()):
-        console.print(f"[dim]{name}: off ({why})[/]")
+        console.print(f"[dim]{name}: {why}[/]")
     sections = report["proflets"]
     for name in _in_order(sections):
         show = terminal_renderer(name)

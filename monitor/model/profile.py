@@ -255,31 +255,71 @@ def _span_s(profile: Profile) -> float:
 
 
 def cpu_functions(
-    profile: Profile, rates: Mapping[FunctionKey, tuple[float, float | None]] | None = None
+    profile: Profile,
+    rates: Mapping[FunctionKey, tuple[float, float | None]] | None = None,
+    thread_cpu_s: Mapping[int, float] | None = None,
 ) -> list[dict[str, Any]]:
     """The cpu proflet's function rows (DYPER's Figure 6), the one place their columns are named.
 
     :func:`function_table` above the floor, plus: ``self_s``/``total_s``,
-    seconds of CPU (samples times the time one sampling pass stands for: each
-    pass samples every thread once); and where cpu detailing counted the
-    function's calls (``rates``: function -> (calls per second, seconds
-    counted)), ``calls_per_s``, ``counted_s`` (what the rate rests on),
-    ``calls`` (the rate over the profile's span) and ``s_per_call``; None where
-    it did not.
+    seconds of CPU; and where cpu detailing counted the function's calls
+    (``rates``: function -> (calls per second, seconds counted)),
+    ``calls_per_s``, ``counted_s`` (what the rate rests on), ``calls`` (the
+    rate over the profile's span) and ``s_per_call``; None where it did not.
+
+    A cpu sample says a thread was on a CPU or ready for one (waiting for the
+    GIL, or for a processor). Where a thread's CPU clock is known
+    (``thread_cpu_s``: ident -> CPU seconds over the profile's span, from the
+    threads or timing proflet), its samples share what the clock says; where
+    it is not, each stands for the time of one sampling pass. Either way one
+    thread's samples never stand for more than the time they were taken over:
+    a function that ran 3 s in one thread shows at most 3 s, however many
+    other threads ran beside it.
     """
     interval = sample_interval_s(profile)
     duration = _span_s(profile)
     rows = function_table(profile, floor_pct=FLOOR_PCT)
+    self_s, total_s = _cpu_seconds(profile, _sample_worth(profile, interval, thread_cpu_s or {}))
     for row in rows:
-        rate, counted = (rates or {}).get((row["file"], row["name"], row["line"]), (None, None))
+        key = (row["file"], row["name"], row["line"])
+        rate, counted = (rates or {}).get(key, (None, None))
         calls = round(rate * duration) if rate is not None else None
-        row["self_s"] = row["self"] * interval
-        row["total_s"] = row["total"] * interval
+        row["self_s"] = self_s.get(key, 0.0)
+        row["total_s"] = total_s.get(key, 0.0)
         row["calls_per_s"] = rate
         row["counted_s"] = counted
         row["calls"] = calls
         row["s_per_call"] = row["total_s"] / calls if calls else None
     return rows
+
+
+def _sample_worth(profile: Profile, interval: float, clocks: Mapping[int, float]) -> dict[int, float]:
+    """Seconds of CPU one cpu sample of each thread stands for."""
+    samples: dict[int, int] = {}
+    for s in profile.stacks:
+        if s.cpu:
+            samples[s.thread] = samples.get(s.thread, 0) + s.cpu
+    worth = {}
+    for thread, n in samples.items():
+        clock = clocks.get(thread)
+        worth[thread] = min(interval, clock / n) if clock is not None and clock >= 0 else interval
+    return worth
+
+
+def _cpu_seconds(profile: Profile, worth: Mapping[int, float]) -> tuple[dict[Key, float], dict[Key, float]]:
+    """Per function: CPU seconds as the leaf (self) and anywhere on the stack (total, once per stack)."""
+    self_s: dict[Key, float] = {}
+    total_s: dict[Key, float] = {}
+    keys = [f.function for f in profile.frames]
+    for s in profile.stacks:
+        if not s.cpu or not s.frames:
+            continue
+        sec = s.cpu * worth.get(s.thread, 0.0)
+        leaf = keys[s.frames[-1]]
+        self_s[leaf] = self_s.get(leaf, 0.0) + sec
+        for k in {keys[i] for i in s.frames}:
+            total_s[k] = total_s.get(k, 0.0) + sec
+    return self_s, total_s
 
 
 def cpu_status(profile: Profile) -> Status:

@@ -62,6 +62,7 @@ class CpuAnalyzer(Analyzer):
     """Per function and line shares from the session's stacks, with the call counts detailing measured."""
 
     name = "cpu"
+    FROM_SAMPLES = True
     #: native rows in the report, and the share of a function's time a C
     #: call must take to be a finding
     NATIVE_ROWS = 30
@@ -91,6 +92,14 @@ class CpuAnalyzer(Analyzer):
 
     def native_rows(self) -> list[dict[str, Any]]:
         """The C calls the candidates made, dearest first: Paradyn-J's VM-interaction cost per method."""
+        # A function's own time counts only its activations that began and
+        # ended inside a burst; its C calls count each call that did. One
+        # that ran across a burst's edge (a loop that never returns) has C
+        # calls timed and little or no own time: its share is not known
+        # (None), never above 100% nor a finding.
+        calls_s: dict[Key, float] = {}
+        for (key, _), (_, sec) in self.native_calls.items():
+            calls_s[key] = calls_s.get(key, 0.0) + sec
         rows: list[dict[str, Any]] = []
         for (key, callee), (n, sec) in sorted(self.native_calls.items(), key=lambda kv: -kv[1][1]):
             own = self.native_own.get(key, 0.0)
@@ -102,7 +111,7 @@ class CpuAnalyzer(Analyzer):
                     "callee": callee,
                     "calls": int(n),
                     "seconds": sec,
-                    "pct_of_function": 100.0 * sec / own if own > 0 else None,
+                    "pct_of_function": 100.0 * sec / own if own > 0 and calls_s[key] <= own else None,
                 }
             )
             if len(rows) == self.NATIVE_ROWS:
@@ -126,9 +135,12 @@ class CpuAnalyzer(Analyzer):
         (:func:`dyper.monitor.report.cpu_section`), with these rates.
         """
         counted = self.session.calls
+        # No call counted in all the seconds counted says nothing of a rate
+        # (a call that began before the bursts and runs on): no rate, not 0/s.
         rates = [
             {"file": k[0], "name": k[1], "line": k[2], "calls_per_s": rate, "counted_s": counted[k][1]}
             for k, rate in self.session.calls_per_s().items()
+            if counted[k][0] > 0
         ]
         return {"call_rates": rates, "native": self.native_rows()}
 

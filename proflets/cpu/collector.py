@@ -128,7 +128,7 @@ def _thread_marks() -> tuple[float, dict[int, float]]:
     """Now, and each thread's CPU seconds (by ident; the agent's own threads left out)."""
     from dyper.proflets.threads.collector import read_clocks
 
-    return time.perf_counter(), {ident: cpu for ident, (_, cpu) in read_clocks(0).items()}
+    return time.perf_counter(), {ident: cpu for ident, (_, cpu) in read_clocks().items()}
 
 
 #: Marks of the threads' CPU time kept (reports and burst ends), and how long

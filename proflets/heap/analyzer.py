@@ -79,6 +79,9 @@ class HeapAnalyzer(Analyzer):
         if data and isinstance(data.get("rss"), int):
             self.rows.append((report.t, int(data["rss"])))
 
+    def has_data(self) -> bool:
+        return self.total + self.skipped > 0
+
     def merge_detail(self, burst: Mapping[str, Any]) -> None:
         if isinstance(burst.get("max_pause_ms"), int | float):
             self.max_pause_ms = float(burst["max_pause_ms"])

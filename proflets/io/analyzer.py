@@ -57,6 +57,7 @@ class IoAnalyzer(Analyzer):
     """I/O routines and their callers from the session's stacks; call counts and bytes from the collector."""
 
     name = "io"
+    FROM_SAMPLES = True
     #: a thread doing I/O at least this share of its time is a finding
     FINDING_PCT = 50.0
 

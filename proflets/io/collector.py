@@ -184,8 +184,6 @@ class IoCollector(Collector):
         self._routines = routines()
         self._roots = library_roots({k: v for k, v in sysconfig.get_paths().items() if isinstance(v, str)})
         self._monitoring = sys.version_info >= (3, 12)
-        self._me = threading.get_ident()  # built on the sampler thread
-        self._my_native = threading.get_native_id()
         self._epoch = -1
         #: (file, qualname) -> the listed Python routine it is, or None
         self._functions: dict[tuple[str, str], tuple[str, str] | None] = {}
@@ -197,7 +195,9 @@ class IoCollector(Collector):
         self._heat: dict[int, dict[int, float]] = {}
         self._sites: dict[int, Site] = {}
         self._reports = 0
-        self._own_tasks: list[int] = [self._my_native]
+        #: kernel ids of dyper's own threads (found at the first report: the
+        #: collector is built on the thread that starts the agent, not on dyper's)
+        self._own_tasks: list[int] = []
         self._since = [time.time(), 0]
         # the burst
         self._tool: int | None = None
@@ -334,19 +334,22 @@ class IoCollector(Collector):
             tasks = [int(t) for t in os.listdir("/proc/self/task")]
         except (OSError, ValueError):
             return
-        python = {t.native_id for t in list(threading._active.values())}  # type: ignore[attr-defined]
-        # Only threads Python does not know need their names read: usually a handful.
-        own = [self._my_native] + [t for t in tasks if t not in python and _comm(t).startswith(("ZMQbg", "dyper-"))]
+        threads = list(threading._active.values())  # type: ignore[attr-defined]
+        python = {t.native_id for t in threads}
+        # dyper's Python threads by name; of the others (usually a handful) the kernel's name is read
+        own = [t.native_id for t in threads if t.name.startswith("dyper-") and t.native_id is not None]
+        own += [t for t in tasks if t not in python and _comm(t).startswith(("ZMQbg", "dyper-"))]
         if sorted(own) != sorted(self._own_tasks):
+            if self._reports > 0:  # not the first look: the first report's counters already leave them out
+                # the counters subtracted changed: the monitor starts its differences again
+                self._since = [self._since[0], self._since[1] + 1]
             self._own_tasks = own
-            # the counters subtracted changed: the monitor starts its differences again
-            self._since = [self._since[0], self._since[1] + 1]
 
     # --- detailing ------------------------------------------------------------------------
 
     def _thread_io(self) -> dict[int, tuple[int, list[int]]]:
         out = {}
-        for ident, native in procfs.app_threads(self._me).items():
+        for ident, native in procfs.app_threads(0).items():  # none by ident: dyper's go by name
             io = read_io(f"/proc/self/task/{native}/io")
             if io is not None:
                 out[ident] = (native, io)

@@ -148,6 +148,11 @@ class _Report:
     watched_s: float | None = None
 
 
+#: What a GC finding rests on at least: seconds observed and collections counted.
+FINDING_MIN_S = 5.0
+FINDING_MIN_COLLECTIONS = 20
+
+
 class MemoryAnalyzer(Analyzer):
     name = "memory"
 
@@ -234,6 +239,9 @@ class MemoryAnalyzer(Analyzer):
 
     def merge_detail(self, burst: Mapping[str, Any]) -> None:
         self.allocations.add(burst)
+
+    def has_data(self) -> bool:
+        return self.seconds > 0 or self.allocations.bursts + self.allocations.skipped > 0
 
     def _window(self, start: float | None, end: float | None) -> tuple[list[_Report], _Report]:
         """The window's reports and their sum (rss: the last one's)."""
@@ -339,11 +347,14 @@ class MemoryAnalyzer(Analyzer):
         return max(pause, grown)
 
     def status(self) -> Status:
-        return Status(self._problem(), confidence_of(self.reports, half=20))
+        # By the seconds observed, not the reports: at 1% they come seconds apart.
+        return Status(self._problem(), confidence_of(self.seconds, half=20))
 
     def findings(self) -> list[str]:
         out = []
-        if self.reports >= 5 and self.seconds > 0:
+        # Enough to say: seconds observed and collections counted (exact, watched or not). Counting
+        # reports instead left the finding out of short runs at 1%, whose reports come seconds apart.
+        if self.seconds >= FINDING_MIN_S and sum(self.collections) >= FINDING_MIN_COLLECTIONS:
             share = 100.0 * self.pause_s / self.seconds
             by_site = sorted(((k, v) for k, v in self.gc_sites.items() if k[2] != DYPER), key=lambda kv: -kv[1][3])
             if share >= 1.0 and by_site:

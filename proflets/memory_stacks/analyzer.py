@@ -19,6 +19,9 @@ class StacksAnalyzer(Analyzer):
     def merge_detail(self, burst: Mapping[str, Any]) -> None:
         self.allocations.add(burst)
 
+    def has_data(self) -> bool:
+        return self.allocations.bursts + self.allocations.skipped > 0
+
     def _memory(self) -> MemoryAnalyzer | None:
         memory = self.session.analyzers.get("memory")
         return memory if isinstance(memory, MemoryAnalyzer) else None

@@ -21,6 +21,19 @@ _RUN, _CPU, _SECONDS = 0, len(KINDS), len(KINDS) + 1
 _Row = tuple[tuple[int, ...], "array[Any]", "array[float] | None", float, int, "dict[int, int] | None"]
 
 
+def learn_names(names: dict[int, str], report: ReportView) -> None:
+    """Add a report's thread names to ``names``: the agent's, then the collector's for threads that ended.
+
+    A stand-in ("thread-<ident>", from an agent that no longer finds the
+    thread) never replaces a name already known.
+    """
+    for ident, name in report.threads.items():
+        if ident not in names or name != f"thread-{ident}":
+            names[ident] = name
+    for ident, name in (report.data or {}).get("names") or ():
+        names[int(ident)] = str(name)
+
+
 def _seconds(row: list[float], window_s: float, samples: int) -> float:
     """How long a thread was seen in a window: its share of the sampling passes, of the window."""
     seen = sum(row[: len(KINDS)])
@@ -29,6 +42,7 @@ def _seconds(row: list[float], window_s: float, samples: int) -> float:
 
 class ThreadsAnalyzer(Analyzer):
     name = "threads"
+    FROM_SAMPLES = True
 
     def __init__(self, session: SessionView | None = None) -> None:
         super().__init__(session)
@@ -49,7 +63,7 @@ class ThreadsAnalyzer(Analyzer):
         self._idents: tuple[int, ...] = ()
 
     def merge(self, report: ReportView) -> None:
-        self.names.update(report.threads)
+        learn_names(self.names, report)
         data = report.data or {}
         if "threads" in data:
             self.clocks = True
@@ -148,13 +162,17 @@ class ThreadsAnalyzer(Analyzer):
             cpu = row[_CPU]
             # Of the time it was not waiting, the CPU clock says how much it ran.
             ran = min(share["run"], cpu / seconds) if seconds > 0 and self.clocks else share["run"]
+            d = self.detail.get(ident)
+            # Of the rest, the share the kernel's run queue held it (the bursts
+            # measure it) is the machine's shortage of processors, not the GIL.
+            queued = min(1.0, d[2] / 1e9 / d[0]) if d is not None and d[0] > 0 else 0.0
             by = blockers.get(ident)
             owner = max(by, key=lambda o: by[o]) if by else None
             entry: dict[str, Any] = {
                 "name": self.names.get(ident, f"thread-{ident}"),
                 "ident": ident,
                 "run_pct": 100.0 * ran,
-                "gil_pct": 100.0 * max(0.0, share["run"] - ran) if self.clocks else None,
+                "gil_pct": 100.0 * max(0.0, share["run"] - ran - queued) if self.clocks else None,
                 "block_pct": 100.0 * share["lock"],
                 "wait_pct": 100.0 * share["wait"],
                 "io_pct": 100.0 * share["io"],
@@ -167,7 +185,6 @@ class ThreadsAnalyzer(Analyzer):
                 "seconds": seconds,
                 "samples": int(seen),
             }
-            d = self.detail.get(ident)
             if d is not None and d[0] > 0:
                 # Kernel figures over the bursts: the voluntary switches are the thread's waits
                 # (of every kind), extrapolated to the whole time observed.

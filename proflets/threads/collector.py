@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
+from collections.abc import Iterable, Mapping
 from types import FrameType
 from typing import Any, ClassVar
 
@@ -38,7 +40,7 @@ def _loaded_chain(code: Any, lasti: int) -> tuple[str, list[str]] | None:
     For a call (``lock.acquire()``, a Condition's ``self._lock.__enter__()``)
     the chain ends before the method.
     """
-    from dyper.agent.tables import _instructions
+    from dyper.agent.tables import ARG, ARGVAL, OPNAME, _instructions
 
     offsets, steps = _instructions(code)
     try:
@@ -46,27 +48,27 @@ def _loaded_chain(code: Any, lasti: int) -> tuple[str, list[str]] | None:
     except ValueError:
         return None
     here = steps[at]
-    if here.opname == "PRECALL" and at + 1 < len(steps):
+    if here[OPNAME] == "PRECALL" and at + 1 < len(steps):
         at += 1
         here = steps[at]
     i = at - 1
     attrs: list[str] = []
-    if here.opname in ("CALL", "CALL_KW") and (here.arg or 0) == 0:
+    if here[OPNAME] in ("CALL", "CALL_KW") and (here[ARG] or 0) == 0:
         # obj.method(): skip the method's own load, keep what it was loaded from
-        while i >= 0 and steps[i].opname in ("PRECALL", "PUSH_NULL"):
+        while i >= 0 and steps[i][OPNAME] in ("PRECALL", "PUSH_NULL"):
             i -= 1
-        if i < 0 or steps[i].opname not in _ATTRS:
+        if i < 0 or steps[i][OPNAME] not in _ATTRS:
             return None
         i -= 1
-    elif here.opname != "BEFORE_WITH":
+    elif here[OPNAME] != "BEFORE_WITH":
         return None
-    while i >= 0 and steps[i].opname in _ATTRS:
-        attrs.append(str(steps[i].argval))
+    while i >= 0 and steps[i][OPNAME] in _ATTRS:
+        attrs.append(str(steps[i][ARGVAL]))
         i -= 1
-    if i < 0 or steps[i].opname not in _ROOTS:
+    if i < 0 or steps[i][OPNAME] not in _ROOTS:
         return None
     attrs.reverse()
-    return str(steps[i].argval), attrs
+    return str(steps[i][ARGVAL]), attrs
 
 
 def _plain_attr(obj: object, name: str) -> object | None:
@@ -124,14 +126,31 @@ def _schedstat(native_id: int) -> tuple[int, int, int, int] | None:
         return None
 
 
-def read_clocks(skip: int) -> dict[int, tuple[int, float]]:
-    """Python ident -> (kernel thread id, CPU seconds), for the threads threading knows but ``skip`` and dyper's."""
+#: What ``procfs.app_threads`` is given to leave out: nothing by ident. dyper's own
+#: threads are left out by name ("dyper-..."), which holds whichever thread runs
+#: the hooks; the thread that built a collector is the one that started the agent
+#: (often the main thread, the application's), never one to leave out.
+NO_THREAD = 0
+
+
+def read_clocks() -> dict[int, tuple[int, float]]:
+    """Python ident -> (kernel thread id, CPU seconds), for the threads threading knows but dyper's."""
     clocks = {}
-    for ident, native in procfs.app_threads(skip).items():
+    for ident, native in procfs.app_threads(NO_THREAD).items():
         cpu = thread_cpu_s(native)
         if cpu is not None:
             clocks[ident] = (native, cpu)
     return clocks
+
+
+def _own_natives() -> list[int]:
+    """Kernel ids of this process's threads that are not the application's Python threads (dyper's, native ones)."""
+    try:
+        tasks = [int(t) for t in os.listdir("/proc/self/task")]
+    except (OSError, ValueError):
+        return []
+    app = set(procfs.app_threads(NO_THREAD).values())
+    return [t for t in tasks if t not in app]
 
 
 class ThreadClocks:
@@ -140,16 +159,102 @@ class ThreadClocks:
     A thread already running when profiling began counts from then; one
     started later, all of its own. Cumulative, so a report that never
     arrives loses nothing.
+
+    A thread that ends between two reads takes its clock with it: what it
+    ran since the last read is the process's CPU time that no living
+    thread's clock accounts for. :meth:`read` gives that to the threads that
+    ended, once, as their last cumulative figure, so their totals are whole.
     """
 
-    def __init__(self, skip: int) -> None:
-        self._baseline = {ident: cpu for ident, (_, cpu) in read_clocks(skip).items()}
+    #: reads between looks for the threads that are not the application's (their clocks are subtracted)
+    OTHERS_EVERY = 30
 
-    def read(self, skip: int) -> dict[int, tuple[int, float]]:
-        """Python ident -> (kernel thread id, CPU seconds since profiling began)."""
-        return {
-            ident: (native, cpu - self._baseline.get(ident, 0.0)) for ident, (native, cpu) in read_clocks(skip).items()
+    def __init__(self) -> None:
+        clocks = read_clocks()
+        self._baseline = {native: cpu for native, cpu in clocks.values()}
+        #: the application's threads at the last read: ident -> (kernel id, cumulative CPU seconds)
+        self._last: dict[int, tuple[int, float]] = {ident: (native, 0.0) for ident, (native, _) in clocks.items()}
+        #: the other threads' (dyper's, native ones'): kernel id -> CPU seconds at the last read
+        self._others: dict[int, float] = {}
+        self._process_cpu = time.process_time()
+        self._wall = time.monotonic()
+        self._reads = 0
+
+    def _others_growth(self) -> float:
+        """CPU seconds the threads that are not the application's used since the last read."""
+        natives = _own_natives() if self._reads % self.OTHERS_EVERY == 0 else list(self._others)
+        self._reads += 1
+        grown = 0.0
+        others = {}
+        for native in natives:
+            cpu = thread_cpu_s(native)
+            if cpu is not None:
+                others[native] = cpu
+                # one found since the last look ran before it too: only growth counts
+                grown += cpu - self._others.get(native, cpu)
+        self._others = others
+        return grown
+
+    def read(self, also_ended: Iterable[int] = ()) -> dict[int, tuple[int, float]]:
+        """Python ident -> (kernel thread id, CPU seconds since profiling began); ended threads once more.
+
+        ``also_ended``: threads known to have ended that a read may never have
+        seen alive (started and ended between two reads: ThreadNames saw them).
+        """
+        live = {
+            ident: (native, cpu - self._baseline.get(native, 0.0)) for ident, (native, cpu) in read_clocks().items()
         }
+        process_cpu, wall = time.process_time(), time.monotonic()
+        others = self._others_growth()
+        out = dict(live)
+        ended = {i: v for i, v in self._last.items() if i not in live}
+        for ident in also_ended:
+            if ident not in live and ident not in ended:
+                ended[ident] = (0, 0.0)  # never read: all it ran is in the process's rest
+        if ended:
+            # the process's CPU time since the last read that no living thread's clock accounts for
+            lived = 0.0
+            for ident, (native, cpu) in live.items():
+                before = self._last.get(ident)
+                lived += cpu - before[1] if before is not None and before[0] == native else cpu
+            rest = (process_cpu - self._process_cpu) - lived - others
+            # a thread cannot have run longer than the time between the reads
+            share = min(max(0.0, rest) / len(ended), wall - self._wall)
+            for ident, (native, cpu) in ended.items():
+                self._baseline.pop(native, None)
+                out[ident] = (native, cpu + share)
+        self._process_cpu, self._wall, self._last = process_cpu, wall, live
+        return out
+
+
+class ThreadNames:
+    """The application's threads' names, noted while they live, for the reports after they end.
+
+    The agent names the threads of a report's samples from those alive when
+    it reports; one that ran between two reports and ended would go by its
+    ident alone.
+    """
+
+    def __init__(self) -> None:
+        self._names: dict[int, str] = {}
+
+    def look(self) -> None:
+        """Note the threads started since the last look (cheap: compares the idents)."""
+        active = threading._active  # type: ignore[attr-defined]  # read-only
+        if active.keys() <= self._names.keys():
+            return
+        for ident, thread in list(active.items()):
+            if ident not in self._names and not thread.name.startswith("dyper-"):
+                self._names[ident] = thread.name
+
+    def ended(self) -> list[list[int | str]]:
+        """[ident, name] of the noted threads that have ended since the last call (each said once)."""
+        self.look()
+        active = threading._active  # type: ignore[attr-defined]
+        gone: list[list[int | str]] = []
+        for ident in [i for i in self._names if i not in active]:
+            gone.append([ident, self._names.pop(ident)])
+        return gone
 
 
 class SchedCounters:
@@ -160,8 +265,8 @@ class SchedCounters:
         self._start: dict[int, tuple[int, int, int, int]] = {}
         self._started = 0.0
 
-    def start(self, skip: int) -> None:
-        self._natives = procfs.app_threads(skip)
+    def start(self) -> None:
+        self._natives = procfs.app_threads(NO_THREAD)
         self._start = {ident: stat for ident, native in self._natives.items() if (stat := _schedstat(native))}
         self._started = time.perf_counter()
 
@@ -189,9 +294,12 @@ class ThreadsCollector(Collector):
     DETAILS = True
 
     def __init__(self) -> None:
-        self._me = threading.get_ident()  # built on the sampler thread
-        self._clocks = ThreadClocks(self._me)
+        self._clocks = ThreadClocks()
         self._sched = SchedCounters()
+        self._names = ThreadNames()
+
+    def sampled(self, n: int, counts: Mapping[tuple[int, tuple[int, ...]], int]) -> None:
+        self._names.look()
 
     def unavailable(self) -> str | None:
         if not sys.platform.startswith("linux"):
@@ -199,8 +307,12 @@ class ThreadsCollector(Collector):
         return None
 
     def report(self, ctx: ReportContext) -> dict[str, Any] | None:
-        threads = [[ident, native, cpu] for ident, (native, cpu) in self._clocks.read(self._me).items()]
+        ended = self._names.ended()
+        clocks = self._clocks.read(int(ident) for ident, _ in ended)
+        threads = [[ident, native, cpu] for ident, (native, cpu) in clocks.items()]
         out: dict[str, Any] = {"threads": threads}
+        if ended:
+            out["names"] = ended
         lock_leaves = {tid for (tid, stack), _ in ctx.counts.items() if stack and ctx.loc_flags(stack[0]) & LOC_LOCK}
         if lock_leaves:
             out["blocked_by"] = self._owners(lock_leaves)
@@ -225,7 +337,7 @@ class ThreadsCollector(Collector):
         return pairs
 
     def start_detail(self, ctx: DetailContext) -> None:
-        self._sched.start(self._me)
+        self._sched.start()
 
     def stop_detail(self) -> dict[str, Any]:
         length, grown = self._sched.stop()

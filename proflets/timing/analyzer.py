@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dyper.proflets.base import Analyzer, ReportView, SessionView, Status, confidence_of
+from dyper.proflets.threads.analyzer import learn_names
 
 
 class TimingAnalyzer(Analyzer):
@@ -29,7 +30,7 @@ class TimingAnalyzer(Analyzer):
 
     def merge(self, report: ReportView) -> None:
         data = report.data
-        self.names.update(report.threads)
+        learn_names(self.names, report)
         if not data:
             return
         self.cpus = int(data.get("cpus") or report.cpus or 1)
@@ -52,6 +53,9 @@ class TimingAnalyzer(Analyzer):
         for ident, v in cpu.items():
             self.cpu[ident] = self.cpu.get(ident, 0.0) + v
         self.seconds += report.window_s
+
+    def has_data(self) -> bool:
+        return self.seconds > 0 or sum(self.hist) > 0
 
     def merge_detail(self, burst: Mapping[str, Any]) -> None:
         self.burst_s += float(burst.get("length_s") or 0.0)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-import threading
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from dyper.agent.proflet import Collector, DetailContext, ReportContext
-from dyper.proflets.threads.collector import SchedCounters, ThreadClocks
+from dyper.proflets.threads.collector import SchedCounters, ThreadClocks, ThreadNames
 
 
 def _cpus() -> int:
@@ -28,16 +28,24 @@ class TimingCollector(Collector):
     WANTS_ACTIVITY = True
 
     def __init__(self) -> None:
-        self._me = threading.get_ident()  # built on the sampler thread
-        self._clocks = ThreadClocks(self._me)
+        self._clocks = ThreadClocks()
         self._sched = SchedCounters()
+        self._names = ThreadNames()
+
+    def sampled(self, n: int, counts: Mapping[tuple[int, tuple[int, ...]], int]) -> None:
+        self._names.look()
 
     def report(self, ctx: ReportContext) -> dict[str, Any] | None:
-        threads = [[ident, cpu] for ident, (_, cpu) in self._clocks.read(self._me).items()]
-        return {"activity": list(ctx.activity), "threads": threads, "cpus": _cpus()}
+        ended = self._names.ended()
+        clocks = self._clocks.read(int(ident) for ident, _ in ended)
+        threads = [[ident, cpu] for ident, (_, cpu) in clocks.items()]
+        out: dict[str, Any] = {"activity": list(ctx.activity), "threads": threads, "cpus": _cpus()}
+        if ended:
+            out["names"] = ended
+        return out
 
     def start_detail(self, ctx: DetailContext) -> None:
-        self._sched.start(self._me)
+        self._sched.start()
 
     def stop_detail(self) -> dict[str, Any]:
         length, grown = self._sched.stop()

@@ -34,7 +34,8 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def _suspects(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {r["type"]: r for r in report["proflets"]["heap"]["types"] if r["suspect_leak"]}
+    heap = report["proflets"].get("heap")  # none until the first census: "no data yet" in report["off"]
+    return {r["type"]: r for r in heap["types"] if r["suspect_leak"]} if heap is not None else {}
 
 
 def _check_leak(report: dict[str, Any]) -> None:

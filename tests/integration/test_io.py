@@ -139,3 +139,25 @@ def test_attach_and_report_a_live_pid(standing_monitor) -> None:  # type: ignore
     finally:
         dyper("detach", str(target.pid), "--monitor", standing_monitor.endpoint)
         stop(target)
+
+
+def test_a_wait_for_a_child_is_a_wait_in_both_tables_and_its_pipes_are_io(tmp_path):
+    """Issue 30: a child-process wait was "wait" in the threads table and I/O in the io table and its finding."""
+    out = tmp_path / "prof.json"
+    dyper(
+        "run", "-q", "--budget", "5%", "-o", str(out), "--",
+        sys.executable, str(TARGETS / "planted_child.py"), "3",
+        check=True, timeout=120, env={"DYPER_PROFLETS": "cpu,threads,io"},
+    )  # fmt: skip
+    results = json.loads(out.read_text())["proflets"]
+    threads = {r["name"]: r for r in results["results"]["threads"]["threads"]}
+    io = {r["name"]: r for r in results["results"]["io"]["threads"]}
+    routines = results["results"]["io"]["routines"]
+    # Each thread spends its whole run in one state: bounds far from both
+    # answers, so a busy machine's few samples elsewhere do not matter.
+    for name in ("plain", "nopipe"):
+        assert threads[name]["wait_pct"] > 80, threads[name]
+        assert io[name]["io_pct"] < 20, io[name]
+        assert not any(name in r["threads"] for r in routines), routines
+        assert not any(f"thread {name} " in f for f in results["findings"]), results["findings"]
+    assert threads["captured"]["io_pct"] > 80 and io["captured"]["io_pct"] > 80, (threads["captured"], io)

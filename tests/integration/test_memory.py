@@ -123,6 +123,8 @@ def test_attach_details_with_stacks_and_detach_leaves_nothing(standing_monitor, 
             proc = dyper("report", str(target.pid), "--json", "--monitor", endpoint, check=True)
             report: dict[str, Any] = json.loads(proc.stdout)
             p = report["proflets"]
+            if "memory" not in p or "memory_stacks" not in p:
+                return None  # "no data yet" (in report["off"]) until each has something
             ok = p["memory"]["seconds"] > 5 and p["memory"]["bursts"] and p["memory_stacks"]["bursts"]
             return report if ok else None
 
@@ -160,7 +162,9 @@ def test_an_application_tracing_itself_is_left_alone(standing_monitor, tmp_path)
         def skipped_and_forced() -> dict[str, Any] | None:
             # Waited for, not given a fixed time: on a loaded machine the first burst can come late.
             proc = dyper("report", str(target.pid), "--json", "--monitor", endpoint, check=True)
-            memory: dict[str, Any] = json.loads(proc.stdout)["proflets"]["memory"]
+            memory: dict[str, Any] | None = json.loads(proc.stdout)["proflets"].get("memory")
+            if memory is None:
+                return None  # "no data yet" until its first report
             forced = [r for r in memory["gc"]["pauses_by_site"] if r["function"] == "force_collection"]
             return memory if memory.get("skipped") and forced else None
 
@@ -175,3 +179,25 @@ def test_an_application_tracing_itself_is_left_alone(standing_monitor, tmp_path)
     finally:
         dyper("detach", str(target.pid), "--monitor", endpoint)
         stop(target)
+
+
+def test_gc_pauses_at_the_default_budget_against_the_program_s_own_timer(tmp_path):
+    """Issue 30: at 1% the GC pause share came out well under the truth and the GC finding was
+    missing in 2 runs of 3. The planted program times its own collections (gc.callbacks)."""
+    out, truth_file = tmp_path / "prof.json", tmp_path / "truth.json"
+    dyper(
+        "run", "-q", "-o", str(out), "--",
+        sys.executable, str(TARGETS / "planted_gc.py"), "10", str(truth_file),
+        check=True, timeout=120, env={"DYPER_PROFLETS": "cpu,memory"},
+    )  # fmt: skip
+    truth = json.loads(truth_file.read_text())
+    report = json.loads(out.read_text())["proflets"]
+    gc = report["results"]["memory"]["gc"]
+    # The collections the program timed were all triggered in churn(); the
+    # watch saw part of them (30 to 45% of the time at 1%) and extrapolated:
+    # within 0.85 to 1.08 of the truth in 8 runs on 3.11 and 3.12 (0.9 to 1.5
+    # when a stretch's few watched collections set its mean pause).
+    sites = ("churn", "(not watched)")
+    churn = sum(r["pause_s"] for r in gc["pauses_by_site"] if r["function"] in sites)
+    assert 0.7 * truth["pause_s"] <= churn <= 1.3 * truth["pause_s"], (churn, truth, gc["watched_pct"])
+    assert any("garbage collection pauses take" in f and "churn" in f for f in report["findings"]), report

@@ -191,6 +191,15 @@ def test_the_analyzer_says_which_c_call_takes_a_function_s_time() -> None:
     assert analyzer.findings() == [
         "_json.scanstring inside handle() is 60% of handle()'s time (native time, 1,000 calls measured)"
     ]
+    # A function that ran across a burst's edge has its C calls timed and
+    # little own time (issue 30: sorted at 112.5% of its function): the
+    # function's share is not known: none, and no finding.
+    edge = CpuAnalyzer(session=None)
+    edge.merge_detail(
+        {"native": {"functions": [["app.py", "f", 1, 0.8]], "callees": [["app.py", "f", 1, "builtins.sorted", 3, 0.9]]}}
+    )
+    [row] = edge.native_rows()
+    assert row["pct_of_function"] is None and not edge.findings()
     # through history: state, restore
     again = CpuAnalyzer(session=None)
     again.restore(analyzer.state())

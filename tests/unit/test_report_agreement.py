@@ -9,6 +9,7 @@ must give the same lights and the same cpu rows.
 from __future__ import annotations
 
 import asyncio
+import types
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from dyper.monitor.report import report_of
 from dyper.monitor.server import Monitor
 from dyper.monitor.session import Session
 from dyper.monitor.web.server import Dashboard
+from dyper.proflets.cpu.analyzer import CpuAnalyzer
 
 PID = 4242
 HELLO: dict[str, Any] = {
@@ -126,3 +128,81 @@ def test_a_bare_profile_s_report_has_the_analyzer_s_cpu_light() -> None:
     frames = [Frame("/app/main.py", "main", 1, 2)]
     profile = Profile(frames, [StackCount(1, (0,), 50, 30)], {1: "MainThread"}, {"duration_s": 5.0, "samples": 50})
     assert report_of(profile)["status"]["cpu"] == cpu_light(30, 50).to_json()
+
+
+def test_cpu_seconds_of_a_thread_come_from_its_clock_and_never_pass_the_time_sampled() -> None:
+    # Issue 30: two threads, each always on a CPU or ready for one, 10 s sampled
+    # 100 times. Thread 1 ran "a" 3 s by its clock, thread 2 ran "b" 6 s. A cpu
+    # sample of a thread waiting for the GIL still counts: each pass's worth
+    # (0.1 s) would give "a" 10 s.
+    frames = [Frame("/app/main.py", "a", 5, 6), Frame("/app/main.py", "b", 9, 10)]
+    stacks = [StackCount(1, (0,), 100, 100), StackCount(2, (1,), 100, 100)]
+    process = {"window_s": 10.0, "samples": 100}
+    threads = {"threads": [{"ident": 1, "run_s": 3.0, "gil_pct": 70.0}, {"ident": 2, "run_s": 6.0, "gil_pct": 40.0}]}
+    profile = Profile(frames, stacks, {1: "one", 2: "two"}, process, proflets={"results": {"threads": threads}})
+    rows = {r["name"]: r for r in report_of(profile)["proflets"]["cpu"]["functions"]}
+    assert rows["a"]["self_s"] == pytest.approx(3.0) and rows["a"]["total_s"] == pytest.approx(3.0)
+    assert rows["b"]["self_s"] == pytest.approx(6.0)
+    # The timing proflet's clocks serve as well; a clock above the time sampled is capped at it.
+    timing = {"threads": [{"ident": 1, "cpu_s": 3.0}, {"ident": 2, "cpu_s": 20.0}]}
+    profile = Profile(frames, stacks, {1: "one", 2: "two"}, process, proflets={"results": {"timing": timing}})
+    rows = {r["name"]: r for r in report_of(profile)["proflets"]["cpu"]["functions"]}
+    assert rows["a"]["self_s"] == pytest.approx(3.0) and rows["b"]["self_s"] == pytest.approx(10.0)
+    # Without clocks (the threads proflet off in the agent): the pass's worth, as before.
+    no_clocks = {"threads": [{"ident": 1, "run_s": 0.0, "gil_pct": None}]}
+    profile = Profile(frames, stacks, {1: "one", 2: "two"}, process, proflets={"results": {"threads": no_clocks}})
+    rows = {r["name"]: r for r in report_of(profile)["proflets"]["cpu"]["functions"]}
+    assert rows["a"]["self_s"] == pytest.approx(10.0)
+
+
+def test_no_call_counted_is_no_rate_not_zero_per_second() -> None:
+    session = types.SimpleNamespace(calls={("/app/main.py", "a", 5): [0.0, 4.0], ("/app/main.py", "b", 9): [8.0, 2.0]})
+    session.calls_per_s = lambda: {k: n / s for k, (n, s) in session.calls.items()}
+    rates = {(r["name"]): r["calls_per_s"] for r in CpuAnalyzer(session).results()["call_rates"]}
+    assert rates == {"b": 4.0}  # "a" ran across the bursts without a call beginning in them
+
+
+def test_a_proflet_off_or_not_yet_run_is_said_never_shown_as_zeros() -> None:
+    # Issue 30: timing not asked for showed "cores used 0.00 on 1 processors".
+    # Here the agent runs cpu, threads and memory; memory has detailed
+    # nothing yet and sent nothing; heap was switched off in the target.
+    running = {"ovhd_ms": 1.0, "slow": 0.0, "itvl_ms": 500.0, "prty": 0.5, "allows": [], "detailing": False}
+    monitor = Monitor("tcp://127.0.0.1:0")  # not started: no socket is opened
+    session = Session(("h", PID, 100.0), HELLO, monitor.frames)
+    state = session.add_agent(HELLO)
+    for seq in range(1, 4):
+        report = _report(seq, hot=20, sleeping=10)
+        report["proflets"] = {
+            "cpu": running,
+            "threads": running,
+            "memory": running,
+            "heap": {"off": "the heap census needs gc.get_objects"},
+        }
+        report["delays"] = {"sample": 0.01, "report": 1.0, "detail.memory": 40.0}
+        session.ingest(state, report)
+    monitor.sessions[session.key] = session
+    cli = _cli_report(monitor)
+    off = cli["off"]
+    assert off["timing"].startswith("not running: not among the proflets asked for"), off
+    assert off["heap"] == "not running: the heap census needs gc.get_objects", off
+    assert off["memory"] == "no data yet, 3 s of 40 before its first detailing", off
+    for name in ("timing", "heap", "memory", "memory_stacks"):
+        assert name not in cli["proflets"] and name not in cli["status"], name
+    # the basic analyses from the samples stay
+    assert {"cpu", "threads", "io"} <= set(cli["proflets"]) and {"cpu", "threads"} <= set(cli["status"])
+    # the dashboard and dyper top say the same
+    assert _dashboard_summary(monitor, session, "")["off"] == off
+    from dyper.monitor.views import top_view
+
+    assert top_view(session)["off"] == off
+    # and dyper report's text
+    import io
+
+    from rich.console import Console
+
+    from dyper.monitor.commands.report import render
+
+    out = io.StringIO()
+    render(cli, Console(file=out, width=300), 10)
+    assert "memory: no data yet, 3 s of 40 before its first detailing" in out.getvalue()
+    assert "timing: not running" in out.getvalue() and "cores used" not in out.getvalue()

@@ -183,3 +183,38 @@ def test_wait_kinds_of_parked_threads():
             t.join(5)
         a.close()
         b.close()
+
+
+def test_the_decoded_instructions_stay_out_of_the_heap_census():
+    # Issue 30: the decoded-instruction cache kept dis.Instruction and
+    # dis.Positions objects, which the heap census (gc.get_objects) counted as
+    # the application's growing types. Planted: decode many code objects as
+    # the agent does when it interns locations, then take a census as the
+    # heap proflet does.
+    import dis
+    import gc
+
+    from dyper.agent import tables
+    from dyper.proflets.heap.collector import census
+
+    def make(i: int):
+        namespace: dict[str, object] = {}
+        exec(f"def f{i}(x):\n    time.sleep(x)\n    return x.attr{i}.method()\n", {"time": time}, namespace)
+        return namespace[f"f{i}"]
+
+    functions = [make(i) for i in range(100)]
+    try:
+        for f in functions:
+            code = f.__code__
+            for offset in [ins.offset for ins in dis.get_instructions(code)]:
+                callee_name(code, offset)
+        assert len(tables._decoded) >= 100
+        gc.collect()
+        by_type, _ = census(gc.get_objects())
+        assert "dis.Instruction" not in by_type and "dis.Positions" not in by_type, {
+            k: v for k, v in by_type.items() if k.startswith("dis.")
+        }
+        # and what is kept is untracked: nothing of it in any census
+        assert not any(gc.is_tracked(step) for _, _, steps in tables._decoded.values() for step in steps)
+    finally:
+        tables.forget_decoded()

@@ -641,9 +641,13 @@
     });
     Object.keys(s.off || {}).sort().forEach(function (name) {
       if (s.status && s.status[name]) return;
-      lights.appendChild(h("div", { class: "light", title: name + " is off: " + s.off[name] },
+      // Said, never shown as zeros: "not running" or "no data yet, N s of M" (the reason in full on hover).
+      var why = String(s.off[name]);
+      var said = /^no data yet/.test(why) ? why.replace(/ before its first detailing.*$/, "") :
+        /^not running/.test(why) ? "not running" : "off";
+      lights.appendChild(h("div", { class: "light", title: name + ": " + why },
         h("div", { class: "dot", style: "background:transparent;border:2px dashed var(--line)" }),
-        h("div", { class: "nm", text: name }), h("div", { class: "nb", text: "off" })));
+        h("div", { class: "nm", text: name }), h("div", { class: "nb", text: said })));
     });
     if (!lights.firstChild) lights.appendChild(h("div", { class: "empty", text: "no proflet has reported a status yet" }));
 
@@ -763,6 +767,8 @@
     var p = (s.proflets && s.proflets[name]) || {};
     clear(body);
     var st = s.status && s.status[name];
+    var why = s.off && s.off[name];
+    if (why) body.appendChild(h("p", { class: "hint", text: name + ": " + why }));
     if (st) body.appendChild(h("p", { class: "hint", text: name + ": problem " + (100 * st.problem).toFixed(0) + "%, confidence " + (100 * st.confidence).toFixed(0) + "%" }));
     var any = false;
     Object.keys(p).forEach(function (k) {
@@ -779,7 +785,7 @@
       scalars.forEach(function (k) { kv.appendChild(h("dt", { text: label(k) })); kv.appendChild(h("dd", { text: fmtNum(p[k]) })); });
       body.appendChild(h("div", { class: "card" }, kv));
     }
-    if (!any && !scalars.length) body.appendChild(h("div", { class: "empty", text: "no results from " + name + " yet" }));
+    if (!any && !scalars.length && !why) body.appendChild(h("div", { class: "empty", text: "no results from " + name + " yet" }));
   }
 
   // --- call tree -------------------------------------------------------------------------------------------
