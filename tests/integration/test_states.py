@@ -110,7 +110,7 @@ def _split(row: dict[str, Any], planted: tuple[str, ...]) -> tuple[float, dict[s
 
 def _enough(sampler: str) -> int:
     """Samples a thread needs to tell 60% from 25%. 3.11's GIL sampler starves a busy thread that
-    is not the main one (pending calls run on the main thread only, issue 29): 4 to 500 samples in
+    is not the main one (pending calls run on the main thread only, issue 29): as few as 4 samples in
     6 s were seen; its shares still have to be right, on what it got."""
     return 1 if sampler == "gil" and sys.version_info < (3, 12) else 50
 
