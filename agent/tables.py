@@ -59,8 +59,9 @@ _WAITING_IN: Final = frozenset({"Condition.wait", "Thread._wait_for_tstate_lock"
 _WITH_ENTRY: Final = frozenset({"BEFORE_WITH"})
 
 _CALLS = frozenset({"CALL", "CALL_FUNCTION_EX", "CALL_KW"})
-# PUSH_NULL only adds the NULL beside the callable (3.11+ calling convention).
-_SKIP = frozenset({"PRECALL", "KW_NAMES", "CACHE", "EXTENDED_ARG", "NOP", "PUSH_NULL"})
+#: What sits between a call's operands and the call itself: 3.11's PRECALL
+#: (its stack effect is part of the call's), the keyword names, prefixes.
+_CALL_PREFIX = frozenset({"PRECALL", "KW_NAMES", "EXTENDED_ARG", "NOP", "CACHE"})
 
 
 #: One decoded instruction: (opname, arg, argval when it is a name (else None),
@@ -100,9 +101,9 @@ _decoded: dict[int, tuple[CodeType, tuple[int, ...], tuple[Step, ...]]] = {}
 def _instructions(code: CodeType) -> tuple[tuple[int, ...], tuple[Step, ...]]:
     entry = _decoded.get(id(code))
     if entry is None or entry[0] is not code:
-        # PRECALL stays: 3.11's specialised PRECALL makes the C call itself,
-        # so a thread blocked in C can sit there rather than at the CALL.
-        instructions = [ins for ins in dis.get_instructions(code) if ins.opname not in _SKIP or ins.opname == "PRECALL"]
+        # Every instruction stays, with its real stack effect: an argument's own
+        # calls (PUSH_NULL, PRECALL, CALL) must add up to the one value they leave.
+        instructions = list(dis.get_instructions(code))
         entry = (code, tuple(ins.offset for ins in instructions), tuple(_step(ins) for ins in instructions))
         if len(_decoded) >= _DECODED_CACHE_SIZE:
             # pop, not del: a stopping agent may clear the cache meanwhile (forget_decoded)
@@ -133,37 +134,44 @@ def callee_name(code: CodeType, lasti: int) -> str | None:
         at = bisect.bisect_left(offsets, lasti)
         if at >= len(offsets) or offsets[at] != lasti:
             return None
+        # 3.11's specialised PRECALL makes the C call itself, so a thread
+        # blocked in C can sit there rather than at the CALL that follows.
+        if steps[at][OPNAME] == "PRECALL" and at + 1 < len(steps):
+            at += 1
         call = steps[at]
-        if call[OPNAME] == "PRECALL" and at + 1 < len(steps):
-            call = steps[at + 1]
         if call[OPNAME] not in _CALLS:
             return None
-        if call[OPNAME] == "CALL_FUNCTION_EX":
-            args = 1 + ((call[ARG] or 0) & 1)  # positional tuple, maybe a kwargs dict
-        else:
-            args = (call[ARG] or 0) + (1 if call[OPNAME] == "CALL_KW" else 0)
-        # Backwards: the first instruction that takes the depth past the
-        # arguments is the one that pushed the callable's root (``time`` in
-        # ``time.sleep``) ...
-        depth = 0
+        # The call pops its operands and pushes one result; on 3.11 the
+        # PRECALL before it pops its share. Two operands are the callable and
+        # the NULL or ``self`` beside it, whatever the order (3.13 swapped it);
+        # the rest are arguments (with 3.13's keyword-names tuple, or
+        # CALL_FUNCTION_EX's tuple and dict).
+        effect = _effect(call)
         i = at - 1
+        while i >= 0 and steps[i][OPNAME] in _CALL_PREFIX:
+            effect += _effect(steps[i])
+            i -= 1
+        args = -effect - 1
+        # Backwards, adding up each instruction's stack effect (a nested call
+        # in an argument, ``sleep(float(x))``, adds up to its one result): the
+        # first instruction that takes the depth past the arguments pushed the
+        # callable, or the NULL after it on 3.13 ...
+        end = i + 1
+        depth = 0
         while i >= 0:
-            if steps[i][OPNAME] == "PRECALL":
-                i -= 1
-                continue
             depth += _effect(steps[i])
             if depth > args:
                 break
             i -= 1
         else:
             return None
+        if steps[i][OPNAME] == "PUSH_NULL" and i > 0:
+            i -= 1
         name = steps[i][ARGVAL] if steps[i][OPNAME] in _LOADS else None
-        # ... forwards: attribute loads applied to it at the same depth (``.sleep``)
-        # refine it into the callable itself.
+        # ... forwards: attribute loads applied to it at the same depth
+        # (``(a.b)(x)`` without a method load) refine it into the callable.
         depth = 0
-        for ins in steps[i + 1 : at]:
-            if ins[OPNAME] == "PRECALL":
-                continue
+        for ins in steps[i + 1 : end]:
             if depth == 0 and ins[OPNAME] in ("LOAD_ATTR", "LOAD_METHOD"):
                 name = ins[ARGVAL]
             depth += _effect(ins)

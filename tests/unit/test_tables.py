@@ -218,3 +218,89 @@ def test_the_decoded_instructions_stay_out_of_the_heap_census():
         assert not any(gc.is_tracked(step) for _, _, steps in tables._decoded.values() for step in steps)
     finally:
         tables.forget_decoded()
+
+
+#: Calls whose arguments call something, keyword arguments, attribute chains:
+#: the callee is the outer call's, never one made while building its arguments.
+_NESTED_CALLS = {
+    "time.sleep(float(x))": "sleep",
+    "sleep(float(x))": "sleep",
+    "sleep(conv(x))": "sleep",  # a local callable: PUSH_NULL around it
+    "sock.recv(int(n) * 1024)": "recv",
+    "lock.acquire(timeout=float(n))": "acquire",
+    "lock.acquire(True, timeout=float(n))": "acquire",
+    "self.sock.recv(int(n))": "recv",
+    "self.sock.recv(self.size(int(n)), socket.MSG_PEEK)": "recv",
+    "q.get(block=True, timeout=max(0.1, float(n)))": "get",
+    "sel.select(timeout=conv(x))": "select",
+    "time.sleep(*args, **kw)": "sleep",
+    "conv(x).wait(float(n))": "wait",
+    "(self.sock.recv)(int(n))": "recv",
+    "int(n)": "int",
+}
+
+
+@pytest.mark.parametrize("source", list(_NESTED_CALLS))
+def test_callee_name_is_the_outer_call_with_calls_in_its_arguments(source):
+    import dis
+
+    namespace: dict[str, object] = {}
+    exec(f"def f(time, sleep, sock, lock, self, q, sel, conv, socket, x, n, args, kw):\n    {source}\n", namespace)
+    code = namespace["f"].__code__  # type: ignore[attr-defined]
+    steps = list(dis.get_instructions(code))
+    # the statement's outer call is its last call, just before POP_TOP
+    call = max(i for i, ins in enumerate(steps) if ins.opname in ("CALL", "CALL_FUNCTION_EX", "CALL_KW"))
+    assert callee_name(code, steps[call].offset) == _NESTED_CALLS[source]
+    if steps[call - 1].opname == "PRECALL":  # 3.11: a specialised PRECALL can be where the thread waits
+        assert callee_name(code, steps[call - 1].offset) == _NESTED_CALLS[source]
+
+
+def test_wait_kinds_of_threads_blocked_in_calls_with_calls_in_their_arguments():
+    """The leaf's own offset, as sys._current_frames() reports it: sleeping,
+    reading and lock-waiting threads whose argument called float() or int()."""
+    import socket
+
+    from dyper.agent.tables import wait_kind
+
+    lock = threading.Lock()
+    a, b = socket.socketpair()
+    c, d = socket.socketpair()
+    x, n = "1", "3"
+
+    class Reader:
+        def __init__(self) -> None:
+            self.sock = c
+
+        def read(self) -> None:
+            self.sock.recv(int(n) * 1024)
+
+    def sleep_float():
+        time.sleep(float(x))
+
+    def recv_int():
+        a.recv(int(n) * 1024)
+
+    def acquire_kw():
+        lock.acquire(timeout=float(x))
+
+    expected = {"sleep_float": LOC_SLEEP, "recv_int": LOC_IO, "acquire_kw": LOC_LOCK, "read": LOC_IO}
+    targets = {"sleep_float": sleep_float, "recv_int": recv_int, "acquire_kw": acquire_kw, "read": Reader().read}
+    lock.acquire()
+    threads = {name: threading.Thread(target=fn, name=name, daemon=True) for name, fn in targets.items()}
+    try:
+        for t in threads.values():
+            t.start()
+        for t in threads.values():
+            _leaf_of(t)
+        time.sleep(0.2)  # the leaf now sits in the blocking call, not in float()/int()
+        frames = sys._current_frames()
+        got = {name: wait_kind(frames[t.ident].f_code, frames[t.ident].f_lasti) for name, t in threads.items()}
+        assert got == expected
+    finally:
+        lock.release()
+        b.send(b"x")
+        d.send(b"x")
+        for t in threads.values():
+            t.join(5)
+        for s in (a, b, c, d):
+            s.close()
