@@ -138,12 +138,13 @@ def test_attach_details_with_stacks_and_detach_leaves_nothing(standing_monitor, 
 
         dyper("detach", str(target.pid), "--monitor", endpoint, check=True)
 
-        def after() -> dict[str, float] | None:
+        # detach returns once the agent is told; it stops at its next wake-up, later on a busy
+        # machine. Left behind (the regression), the GC callback and tracemalloc stay for good.
+        def clean() -> dict[str, float] | None:
             t = _truth(truth_file)
-            return t if t["seconds"] > truth["seconds"] + 1.5 else None
+            return t if t["callbacks"] == 0 and t["tracing"] == 0 else None
 
-        left = wait_for(after, timeout=15, interval=0.5, what="the target after the detach")
-        assert left["callbacks"] == 0 and left["tracing"] == 0  # the GC callback gone, tracemalloc off
+        wait_for(clean, timeout=30, interval=0.5, what="the GC callback gone and tracemalloc off after the detach")
     finally:
         stop(target)
 
