@@ -70,8 +70,10 @@ def test_killed_monitor_costs_the_target_nothing_and_agent_reconnects(standing_m
         rss_during = psutil.Process(target.pid).memory_info().rss
         # Generous bounds that still catch a stalled or blocking send path.
         # A blocking send path stalls the target almost completely; scheduling
-        # noise on a 2-core machine moves this ratio by up to about a third.
-        assert during >= 0.6 * before, (before, during)
+        # noise on a 2-core machine moves this ratio by up to about a third when
+        # idle, and by more than half on a machine loaded far past its cores
+        # (3.2 before, 1.5 during, seen with a load average of 15).
+        assert during >= 0.25 * before, (before, during)
         assert rss_during - rss_before < 20 * 1024 * 1024
 
         standing_monitor.start()  # same port
