@@ -156,8 +156,10 @@ def test_three_spinners_share_the_gil_and_never_wait_on_anything_else(
         assert row["samples"] >= enough, row
         assert max(float(row[c] or 0.0) for c in ("block_pct", "io_pct", "sleep_pct")) <= 5.0, row
         if sampler == "gil":
-            # every sample "runs"; the CPU clock splits it into running and ready
-            assert float(row["run_pct"]) + float(row["gil_pct"] or 0.0) >= 90.0, row
+            # every sample "runs"; the CPU clock splits it into running and ready (the GIL, or the
+            # kernel's run queue where the threads proflet read it: much of it on a busy machine)
+            ready = float(row["gil_pct"] or 0.0) + float(row.get("runqueue_pct") or 0.0)
+            assert float(row["run_pct"]) + ready >= 90.0, row
         else:
             # three threads, one GIL: two of them wait for it at any moment, asleep in the kernel
             # with a running leaf (on a busy machine many are runnable but off a CPU instead: the
@@ -174,7 +176,9 @@ def test_three_spinners_share_the_gil_and_never_wait_on_anything_else(
         pytest.param(
             "gil",
             marks=pytest.mark.xfail(
-                strict=True,
+                # not strict: when the machine leaves the pinned CPU's other process idle for a
+                # while, there is little run queue to misfile and the GIL sampler passes
+                strict=False,
                 reason="the GIL sampler sees a runnable thread that is off its CPU as ready to run and files it "
                 "under the GIL (gil_pct = samples running less CPU clock): it cannot tell the run queue apart",
             ),
@@ -197,5 +201,7 @@ def test_a_spinner_beside_a_busy_process_on_its_cpu_waits_in_the_run_queue_not_f
         # CPU clock), which also holds the run queue the sampler missed: 2-16% seen
         assert float(row["gil_pct"] or 0.0) <= 35.0, row
         states = _state_leaves(run, "pinned")
-        assert states.get(native.RUN_QUEUE, 0.0) >= 0.3, (row, states)
+        # against the kernel's own count: the sampler has missed up to half of it (see
+        # docs/measurements.md); one that cannot tell the run queue (the regression) finds none
+        assert states.get(native.RUN_QUEUE, 0.0) >= 0.4 * float(row["runqueue_pct"]) / 100.0, (row, states)
         assert states.get(native.GIL_WAIT, 0.0) <= 0.1, (row, states)
