@@ -68,6 +68,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -178,25 +179,6 @@ top_frame(const PyThreadState *ts, uintptr_t *out)
     return 0;
 #else
     uintptr_t cframe = (uintptr_t)ts->cframe;
-    if (cframe == 0) {
-        *out = 0;
-        return 0;
-    }
-    return safe_read_ptr(out, cframe + offsetof(_PyCFrame, current_frame));
-#endif
-}
-
-/* Re-read the top frame pointer straight from the thread state. */
-static int
-reread_top(uintptr_t tstate_addr, uintptr_t *out)
-{
-#if PY_VERSION_HEX >= 0x030D0000
-    return safe_read_ptr(out, tstate_addr + offsetof(PyThreadState, current_frame));
-#else
-    uintptr_t cframe;
-    if (safe_read_ptr(&cframe, tstate_addr + offsetof(PyThreadState, cframe)) < 0) {
-        return -1;
-    }
     if (cframe == 0) {
         *out = 0;
         return 0;
@@ -365,6 +347,8 @@ typedef struct {
     uint64_t ticks, thread_samples, torn, bad, overflow, truncated, unread, frames;
     uint64_t drawn;          /* runnable samples counted on a CPU by the draw in classify() */
     uint64_t lost;           /* thread samples given up: every walk of it torn or bad */
+    uint64_t reused;         /* thread samples given the thread's last stack: its clock stood still */
+    uint64_t code_hits, code_misses;   /* read_code()'s cache */
     uint64_t states[NST_COUNT];
     uint64_t cpu_ns;         /* the sampler thread's CPU clock after its last tick */
     uint64_t exit_cpu_ns;    /* ... when it ended */
@@ -403,18 +387,93 @@ thread_cpu_ns(int32_t tid, uint64_t *out)
     return 0;
 }
 
-/* Field 3 of /proc/self/task/TID/stat ('R', 'S', 'D', ...), 0 if unreadable. */
-static char
-kernel_state(int32_t tid)
+/* Per-thread memory from one sample to the next (under tick_mu): the CPU
+ * clock and wall time of the last sample (classify()), a kept-open
+ * /proc/self/task/TID/stat (one pread per reading instead of open, read,
+ * close), and the last stack, reused while the thread's CPU clock stands
+ * still (tick_once()). */
+#define TID_SLOTS 4096
+/* /proc files kept open at most; beyond, a reading opens and closes its own. */
+#define MAX_STAT_FDS 256
+typedef struct {
+    int32_t tid;
+    int fdp1;                 /* the stat file's fd + 1; 0: none */
+    dev_t fd_dev;             /* what that fd was when opened: it is closed */
+    ino_t fd_ino;             /* only if it still is (the program may close ours) */
+    uint64_t cpu_ns, wall_ns, tick;
+    /* The last stack: in the frames of tick `stack_tick` (only the previous
+     * tick's are kept), known current while the clock reads `stack_cpu`. */
+    uint64_t stack_tick, stack_cpu;
+    uintptr_t stack_ts, stack_dstop, stack_key;
+    unsigned long stack_ident, stack_switch;
+    uint32_t stack_start;
+    uint16_t stack_depth;
+    uint8_t stack_trunc;
+} tid_slot;
+static tid_slot tid_slots[TID_SLOTS];
+static int stat_fds_open;
+static uint64_t tick_rng = 0x9E3779B97F4A7C15ULL;
+
+/* Close a slot's stat file, if the fd is still the file we opened. */
+static void
+slot_close(tid_slot *s)
 {
-    char path[64], buf[512];
-    snprintf(path, sizeof(path), "/proc/self/task/%d/stat", (int)tid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        return 0;
+    if (s->fdp1 <= 0) {
+        return;
     }
-    ssize_t n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
+    struct stat st;
+    int fd = s->fdp1 - 1;
+    if (fstat(fd, &st) == 0 && st.st_dev == s->fd_dev && st.st_ino == s->fd_ino) {
+        close(fd);
+    }
+    s->fdp1 = 0;
+    stat_fds_open--;
+}
+
+static void
+slots_close_all(void)
+{
+    for (int i = 0; i < TID_SLOTS; i++) {
+        slot_close(&tid_slots[i]);
+        tid_slots[i].stack_tick = 0;
+    }
+    stat_fds_open = 0;
+}
+
+/* Field 3 of /proc/self/task/TID/stat ('R', 'S', 'D', ...), 0 if unreadable.
+ * With a slot, its file stays open: one system call a reading. A thread that
+ * ended reads ESRCH through its old fd (even if a new thread has its tid):
+ * the file is opened again. */
+static char
+kernel_state(tid_slot *slot, int32_t tid)
+{
+    char buf[512];
+    ssize_t n = -1;
+    if (slot != NULL && slot->fdp1 > 0) {
+        n = pread(slot->fdp1 - 1, buf, sizeof(buf) - 1, 0);
+        if (n <= 0) {
+            slot_close(slot);
+        }
+    }
+    if (n <= 0) {
+        char path[64];
+        snprintf(path, sizeof(path), "/proc/self/task/%d/stat", (int)tid);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            return 0;
+        }
+        n = pread(fd, buf, sizeof(buf) - 1, 0);
+        struct stat st;
+        if (slot != NULL && n > 0 && stat_fds_open < MAX_STAT_FDS && fstat(fd, &st) == 0) {
+            slot->fdp1 = fd + 1;
+            slot->fd_dev = st.st_dev;
+            slot->fd_ino = st.st_ino;
+            stat_fds_open++;
+        }
+        else {
+            close(fd);
+        }
+    }
     if (n <= 0) {
         return 0;
     }
@@ -426,15 +485,6 @@ kernel_state(int32_t tid)
     return p[2];
 }
 
-/* Per-thread clocks remembered from the last sample (under tick_mu). */
-#define TID_SLOTS 4096
-typedef struct {
-    int32_t tid;
-    uint64_t cpu_ns, wall_ns, tick;
-} tid_slot;
-static tid_slot tid_slots[TID_SLOTS];
-static uint64_t tick_rng = 0x9E3779B97F4A7C15ULL;
-
 static tid_slot *
 tid_lookup(int32_t tid, uint64_t tick)
 {
@@ -445,8 +495,11 @@ tid_lookup(int32_t tid, uint64_t tick)
             return s;
         }
         if (s->tid == 0 || s->tick + 2 < tick) {   /* free, or unseen for two samples */
+            slot_close(s);
             s->tid = tid;
             s->cpu_ns = UINT64_MAX;
+            s->tick = tick;
+            s->stack_tick = 0;
             return s;
         }
     }
@@ -465,10 +518,10 @@ tick_uniform(void)
 }
 
 /* The state of a thread at this sample. `cpu0` is its CPU clock read just
- * before its stack was walked: read again now, microseconds later, it has
- * moved if the thread was on a CPU in between (the kernel brings a running
- * thread's clock up to date when it is read). If it did not move, the
- * kernel's state letter tells a sleeping thread from a runnable one. A
+ * before its stack was walked, `cpu1` read again after (microseconds later):
+ * it has moved if the thread was on a CPU in between (the kernel brings a
+ * running thread's clock up to date when it is read). If it did not move,
+ * the kernel's state letter tells a sleeping thread from a runnable one. A
  * runnable one that is not running is in the run queue -- or it was running
  * on the CPU this sampler woke up on, and our wake-up put it back in the
  * queue for as long as we look (on a machine with few CPUs, often). Which
@@ -477,20 +530,14 @@ tick_uniform(void)
  * wall time between the two), in the run queue otherwise. Counted over many
  * samples this charges each thread its CPU clock's share. */
 static uint8_t
-classify(int32_t tid, int holds_gil, int have_cpu0, uint64_t cpu0)
+classify(tid_slot *slot, int32_t tid, int holds_gil, uint64_t cpu0, uint64_t cpu1)
 {
-    uint64_t cpu1 = 0;
-    if (!have_cpu0 || thread_cpu_ns(tid, &cpu1) < 0) {
-        return NST_UNKNOWN;   /* the thread ended */
-    }
-    /* On a CPU: what the kernel's letter says does not matter (and reading
-     * it costs three system calls). */
-    char k = cpu1 > cpu0 ? 'R' : kernel_state(tid);
+    /* On a CPU: what the kernel's letter says does not matter. */
+    char k = cpu1 > cpu0 ? 'R' : kernel_state(slot, tid);
     if (k == 0) {
         return NST_UNKNOWN;
     }
     uint64_t wall = now_ns(CLOCK_MONOTONIC);
-    tid_slot *slot = tid_lookup(tid, S->tick);
     double p = -1.0;
     if (slot != NULL) {
         if (slot->cpu_ns != UINT64_MAX && wall > slot->wall_ns && cpu1 >= slot->cpu_ns) {
@@ -574,8 +621,12 @@ read_code(uintptr_t code, Py_ssize_t *size, int *firsttraceable, uint32_t *check
             *size = slot->size;
             *firsttraceable = slot->firsttraceable;
             *check = slot->check;
+            S->code_hits++;
             return 0;
         }
+    }
+    if (slot != NULL) {
+        S->code_misses++;
     }
     PyCodeObject cbuf;   /* only the first CODE_HEAD_SIZE bytes are read */
     const PyCodeObject *c = &cbuf;
@@ -678,35 +729,65 @@ walk(uintptr_t top, frame_rec *out, int cap, int *truncated)
 _Static_assert(offsetof(PyThreadState, datastack_top) == offsetof(PyThreadState, datastack_chunk) + sizeof(void *)
                && offsetof(PyThreadState, datastack_limit) == offsetof(PyThreadState, datastack_top) + sizeof(void *),
                "verify() reads the data stack's chunk, top and limit in one piece");
+/* The same, and the thread's top frame pointer read last, in the last batch:
+ * it must still be `top` (through the same `cframe` before 3.13). */
 static int
-verify(uintptr_t tstate_addr)
+verify(uintptr_t tstate_addr, uintptr_t top, uintptr_t cframe)
 {
     static _PyInterpreterFrame again[VERIFY_BATCH];   /* under tick_mu */
-    struct iovec local[VERIFY_BATCH + 1], remote[VERIFY_BATCH + 1];
+    struct iovec local[VERIFY_BATCH + 3], remote[VERIFY_BATCH + 3];
     uintptr_t ds[3];   /* datastack_chunk, datastack_top, datastack_limit */
+    uintptr_t top_again[2] = {0, 0};   /* (cframe,) current_frame */
     local[0].iov_base = ds;
     local[0].iov_len = sizeof(ds);
     remote[0].iov_base = (void *)(tstate_addr + offsetof(PyThreadState, datastack_chunk));
     remote[0].iov_len = sizeof(ds);
-    for (int base = 0; base < n_seen; base += VERIFY_BATCH) {
+    int base = 0;
+    do {
         int n = n_seen - base < VERIFY_BATCH ? n_seen - base : VERIFY_BATCH;
-        int first = base == 0 ? 1 : 0;   /* the top goes with the first batch */
+        int first = base == 0 ? 1 : 0;   /* the data stack's top goes with the first batch */
+        int last = base + n >= n_seen;   /* the top frame pointer with the last */
         for (int i = 0; i < n; i++) {
             local[first + i].iov_base = &again[i];
             local[first + i].iov_len = FRAME_HEAD_SIZE;
             remote[first + i].iov_base = (void *)seen_buf[base + i].addr;
             remote[first + i].iov_len = FRAME_HEAD_SIZE;
         }
-        ssize_t want = (ssize_t)(n * FRAME_HEAD_SIZE) + (first ? (ssize_t)sizeof(ds) : 0);
-        ssize_t got = process_vm_readv(self_pid, local + (1 - first), (unsigned long)(n + first),
-                                       remote + (1 - first), (unsigned long)(n + first), 0);
+        int k = first + n, extra = 0;
+        if (last) {
+#if PY_VERSION_HEX >= 0x030D0000
+            (void)cframe;
+            local[k].iov_base = &top_again[1];
+            local[k].iov_len = sizeof(uintptr_t);
+            remote[k].iov_base = (void *)(tstate_addr + offsetof(PyThreadState, current_frame));
+            remote[k].iov_len = sizeof(uintptr_t);
+            extra = 1;
+#else
+            if (cframe == 0) {
+                return -1;
+            }
+            local[k].iov_base = &top_again[0];
+            local[k].iov_len = sizeof(uintptr_t);
+            remote[k].iov_base = (void *)(tstate_addr + offsetof(PyThreadState, cframe));
+            remote[k].iov_len = sizeof(uintptr_t);
+            local[k + 1].iov_base = &top_again[1];
+            local[k + 1].iov_len = sizeof(uintptr_t);
+            remote[k + 1].iov_base = (void *)(cframe + offsetof(_PyCFrame, current_frame));
+            remote[k + 1].iov_len = sizeof(uintptr_t);
+            extra = 2;
+#endif
+        }
+        ssize_t want = (ssize_t)(n * FRAME_HEAD_SIZE) + (first ? (ssize_t)sizeof(ds) : 0)
+                       + (ssize_t)(extra * sizeof(uintptr_t));
+        ssize_t got = process_vm_readv(self_pid, local + (1 - first), (unsigned long)(n + first + extra),
+                                       remote + (1 - first), (unsigned long)(n + first + extra), 0);
         if (got != want) {
             return -1;
         }
-        uintptr_t chunk_lo = ds[0] + offsetof(_PyStackChunk, data), top = ds[1], limit = ds[2];
+        uintptr_t chunk_lo = ds[0] + offsetof(_PyStackChunk, data), ds_top = ds[1], limit = ds[2];
         for (int i = 0; i < n; i++) {
             const seen_frame *sf = &seen_buf[base + i];
-            if (sf->addr >= chunk_lo && sf->addr < limit && sf->addr >= top) {
+            if (sf->addr >= chunk_lo && sf->addr < limit && sf->addr >= ds_top) {
                 return -1;   /* above the top: popped */
             }
             if ((uintptr_t)again[i].previous != sf->previous || frame_code_addr(&again[i]) != sf->code) {
@@ -717,9 +798,26 @@ verify(uintptr_t tstate_addr)
                 return -1;
             }
         }
-    }
+        if (last) {
+#if PY_VERSION_HEX < 0x030D0000
+            if (top_again[0] != cframe) {
+                return -1;
+            }
+#endif
+            if (top_again[1] != top) {
+                return -1;
+            }
+        }
+        base += n;
+    } while (base < n_seen);
     return 0;
 }
+
+/* The frames of this tick's samples, and of the previous tick's (whose
+ * stacks a thread that did not run since gets again): two buffers, swapped
+ * at each tick. Under tick_mu. */
+static frame_rec scratch_f2[MAX_DEPTH * 8];
+static frame_rec *tick_f, *prev_f;
 
 /* Push the scratch samples of a tick into the ring, dropping the oldest to
  * make room. */
@@ -745,7 +843,7 @@ ring_commit(int ns, int nf_total)
         }
         uint64_t start = ring->f_head;
         for (uint64_t j = 0; j < d; j++) {
-            ring->frames[(start + j) % RING_FRAMES] = S->scratch_f[s->frame_start + j];
+            ring->frames[(start + j) % RING_FRAMES] = tick_f[s->frame_start + j];
         }
         ring->f_head += d;
         sample_rec *dst = &ring->samples[ring->s_head % RING_SAMPLES];
@@ -770,13 +868,94 @@ ring_commit(int ns, int nf_total)
     }
 }
 
-/* One sample of every thread. Under tick_mu. Never calls the C API. */
+/* What identifies the top of a thread's stack in its thread state: the top
+ * frame itself (3.13), or the C frame holding it. */
+static inline uintptr_t
+top_key(const PyThreadState *ts)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    return (uintptr_t)ts->current_frame;
+#else
+    return (uintptr_t)ts->cframe;
+#endif
+}
+
+/* The top frame pointer of the thread state copied in `ts` (0: none), and a
+ * copy of the top of its data stack into region_buf, in one system call.
+ * -1 if the top frame pointer could not be read; the region is left empty
+ * if it could not. */
+static int
+read_top_region(const PyThreadState *ts, uintptr_t *top)
+{
+    struct iovec local[2], remote[2];
+    int k = 0;
+    size_t need = 0;
+    region_lo = region_hi = 0;
+#if PY_VERSION_HEX >= 0x030D0000
+    *top = (uintptr_t)ts->current_frame;
+    if (*top == 0) {
+        return 0;
+    }
+#else
+    uintptr_t cframe = (uintptr_t)ts->cframe;
+    *top = 0;
+    if (cframe == 0) {
+        return 0;
+    }
+    local[0].iov_base = top;
+    local[0].iov_len = sizeof(*top);
+    remote[0].iov_base = (void *)(cframe + offsetof(_PyCFrame, current_frame));
+    remote[0].iov_len = sizeof(*top);
+    k = 1;
+    need = sizeof(*top);
+#endif
+    uintptr_t chunk = (uintptr_t)ts->datastack_chunk, ds_top = (uintptr_t)ts->datastack_top, lo = 0;
+    if (chunk != 0 && ds_top > chunk + offsetof(_PyStackChunk, data)) {
+        lo = chunk + offsetof(_PyStackChunk, data);
+        if (ds_top - lo > REGION_MAX) {
+            lo = (ds_top - REGION_MAX) & ~(uintptr_t)(sizeof(void *) - 1);
+        }
+        local[k].iov_base = region_buf;
+        local[k].iov_len = ds_top - lo;
+        remote[k].iov_base = (void *)lo;
+        remote[k].iov_len = ds_top - lo;
+        k++;
+    }
+    if (k == 0) {
+        return 0;
+    }
+    ssize_t got = process_vm_readv(self_pid, local, (unsigned long)k, remote, (unsigned long)k, 0);
+    if (got < 0 || (size_t)got < need) {
+        return -1;
+    }
+    if (lo != 0 && (size_t)got == need + (ds_top - lo)) {
+        region_lo = lo;
+        region_hi = ds_top;
+    }
+    return 0;
+}
+
+/* One sample of every thread. Under tick_mu. Never calls the C API.
+ *
+ * A thread whose CPU clock reads what it read just after its last walk (in
+ * the previous tick, a walk during which the clock did not move either) has
+ * not run a single instruction since: its frames are as they were, and it
+ * gets its last stack again without a walk. Its thread state must agree
+ * (same address, ident, data-stack top and top frame or C frame). */
 static void
 tick_once(void)
 {
     uint64_t t0 = now_ns(CLOCK_MONOTONIC);
     S->tick++;
     code_tick = t0;
+    if (tick_f == NULL || tick_f == scratch_f2) {
+        tick_f = S->scratch_f;
+        prev_f = scratch_f2;
+    }
+    else {
+        tick_f = scratch_f2;
+        prev_f = S->scratch_f;
+    }
     int ns = 0, nf = 0;
     const int fcap = (int)(sizeof(S->scratch_f) / sizeof(S->scratch_f[0]));
     uintptr_t ts_addr;
@@ -785,7 +964,7 @@ tick_once(void)
         return;
     }
     int nthreads = 0;
-    uint64_t torn = 0, bad = 0, trunc = 0, lost = 0;
+    uint64_t torn = 0, bad = 0, trunc = 0, lost = 0, reused = 0;
     PyThreadState tsbuf;
     while (ts_addr != 0) {
         if (++nthreads > MAX_THREADS) {
@@ -809,8 +988,7 @@ tick_once(void)
         uintptr_t next = (uintptr_t)ts->next;
         unsigned long ident = ts->thread_id;
         int32_t ntid = (int32_t)ts->native_thread_id;
-        uintptr_t top;
-        if (ident == S->skip || ns >= MAX_THREADS || top_frame(ts, &top) < 0 || top == 0) {
+        if (ident == S->skip || ns >= MAX_THREADS || top_key(ts) == 0) {
             ts_addr = next;
             continue;
         }
@@ -824,12 +1002,45 @@ tick_once(void)
             ts_addr = next;
             continue;
         }
+        tid_slot *slot = ntid > 0 ? tid_lookup(ntid, S->tick) : NULL;
+        uint64_t cpu0 = 0, cpu1 = 0;
+        int have_cpu0 = ntid > 0 && thread_cpu_ns(ntid, &cpu0) == 0;
+        if (slot != NULL && have_cpu0 && slot->stack_tick != 0 && slot->stack_tick + 1 == S->tick
+            && slot->stack_cpu == cpu0 && slot->stack_ts == ts_addr && slot->stack_ident == ident
+            && slot->stack_dstop == (uintptr_t)ts->datastack_top && slot->stack_key == top_key(ts)
+            && (int)slot->stack_depth <= room
+            && !(have_g_pre && g_pre.last_holder == ts_addr && g_pre.switch_number != slot->stack_switch)) {
+            /* It did not run since its last walk: the same stack. */
+            int depth = slot->stack_depth;
+            memcpy(&tick_f[nf], &prev_f[slot->stack_start], (size_t)depth * sizeof(frame_rec));
+            int holds = have_g_pre && g_pre.locked && g_pre.last_holder == ts_addr;
+            uint8_t st = classify(slot, ntid, holds, cpu0, cpu0);
+            slot->stack_tick = S->tick;
+            slot->stack_start = (uint32_t)nf;
+            sample_rec *s = &S->scratch_s[ns++];
+            s->tick = S->tick;
+            s->frame_start = (uint64_t)nf;
+            s->ident = ident;
+            s->native_tid = ntid;
+            s->depth = (uint16_t)depth;
+            s->state = st;
+            s->truncated = slot->stack_trunc;
+            trunc += (uint64_t)slot->stack_trunc;
+            nf += depth;
+            add(&S->states[st], 1);
+            reused++;
+            ts_addr = next;
+            continue;
+        }
+        if (slot != NULL) {
+            slot->stack_tick = 0;
+        }
         /* A walk of a thread that runs may be torn (its frames changed under
          * us): it is dropped, and the thread walked again from its current
          * top, a few times, so that threads that run are not the ones whose
          * samples go missing. */
-        uint64_t cpu0 = 0;
-        int have_cpu0 = 0, have_g = 0, depth = -1, torn_now = 0;
+        int have_g = 0, depth = -1, torn_now = 0, skip = 0;
+        uintptr_t top = 0;
         gil_view g0 = {0, 0, 0}, g1 = {0, 0, 0};
         for (int attempt = 0; attempt < WALK_ATTEMPTS; attempt++) {
             if (attempt == 0) {
@@ -839,37 +1050,37 @@ tick_once(void)
             else {
                 have_g = gil_read(&g0) == 0;
                 if (safe_read(&tsbuf, ts_addr, sizeof(tsbuf)) < 0 || (uintptr_t)ts->interp != S->interp
-                    || ts->thread_id != ident || top_frame(ts, &top) < 0 || top == 0) {
+                    || ts->thread_id != ident) {
                     depth = -1;
                     break;   /* it ended meanwhile */
                 }
+                have_cpu0 = ntid > 0 && thread_cpu_ns(ntid, &cpu0) == 0;
             }
-            have_cpu0 = ntid > 0 && thread_cpu_ns(ntid, &cpu0) == 0;
-            region_lo = region_hi = 0;
-            uintptr_t chunk = (uintptr_t)ts->datastack_chunk, ds_top = (uintptr_t)ts->datastack_top;
-            if (chunk != 0 && ds_top > chunk + offsetof(_PyStackChunk, data)) {
-                uintptr_t lo = chunk + offsetof(_PyStackChunk, data);
-                if (ds_top - lo > REGION_MAX) {
-                    lo = (ds_top - REGION_MAX) & ~(uintptr_t)(sizeof(void *) - 1);
+            if (read_top_region(ts, &top) < 0 || top == 0) {
+                region_lo = region_hi = 0;
+                if (attempt == 0) {
+                    skip = 1;   /* no frame (yet, or any more) */
                 }
-                if (safe_read(region_buf, lo, ds_top - lo) == 0) {
-                    region_lo = lo;
-                    region_hi = ds_top;
-                }
+                depth = -1;
+                break;
             }
-            depth = walk(top, &S->scratch_f[nf], room, &truncated);
+            depth = walk(top, &tick_f[nf], room, &truncated);
             region_lo = region_hi = 0;
             have_g = have_g && gil_read(&g1) == 0;
             /* Not the last holder, and no other thread took the GIL since: it
              * ran no Python code while we walked, so what we read is what it has. */
             int still = have_g && g0.last_holder != ts_addr && g1.last_holder == g0.last_holder
                         && g1.switch_number == g0.switch_number;
-            uintptr_t top2 = 0;
+#if PY_VERSION_HEX >= 0x030D0000
+            uintptr_t cframe = 0;
+#else
+            uintptr_t cframe = (uintptr_t)ts->cframe;
+#endif
             torn_now = 0;
             if (depth < 0) {
                 bad++;
             }
-            else if (!still && (verify(ts_addr) < 0 || reread_top(ts_addr, &top2) < 0 || top2 != top)) {
+            else if (!still && verify(ts_addr, top, cframe) < 0) {
                 torn++;
                 torn_now = 1;
             }
@@ -877,12 +1088,31 @@ tick_once(void)
                 break;
             }
         }
+        if (skip) {
+            ts_addr = next;
+            continue;
+        }
         if (depth < 0 || torn_now) {
             lost++;
         }
         else if (depth > 0) {
             int holds = have_g && g1.locked && g1.last_holder == ts_addr;
-            uint8_t st = ntid > 0 ? classify(ntid, holds, have_cpu0, cpu0) : NST_UNKNOWN;
+            int have_cpu1 = have_cpu0 && thread_cpu_ns(ntid, &cpu1) == 0;
+            uint8_t st = have_cpu1 ? classify(slot, ntid, holds, cpu0, cpu1) : NST_UNKNOWN;
+            if (slot != NULL && have_cpu1 && have_g && cpu1 == cpu0 && st != NST_UNKNOWN) {
+                /* It did not run while we walked: this stack is what it has,
+                 * for as long as its clock stands still. */
+                slot->stack_tick = S->tick;
+                slot->stack_cpu = cpu1;
+                slot->stack_ts = ts_addr;
+                slot->stack_ident = ident;
+                slot->stack_dstop = (uintptr_t)ts->datastack_top;
+                slot->stack_key = top_key(ts);
+                slot->stack_switch = g1.switch_number;
+                slot->stack_start = (uint32_t)nf;
+                slot->stack_depth = (uint16_t)depth;
+                slot->stack_trunc = (uint8_t)truncated;
+            }
             sample_rec *s = &S->scratch_s[ns++];
             s->tick = S->tick;
             s->frame_start = (uint64_t)nf;
@@ -902,6 +1132,9 @@ tick_once(void)
     add(&S->ticks, 1);
     add(&S->thread_samples, (uint64_t)ns);
     add(&S->frames, (uint64_t)nf);
+    if (reused) {
+        add(&S->reused, reused);
+    }
     if (torn) {
         add(&S->torn, torn);
     }
@@ -1041,6 +1274,7 @@ after_fork_child(void)
     S->stop = 0;
     S->wake_fd = -1;
     self_pid = getpid();
+    slots_close_all();   /* the parent's threads' files */
 }
 
 /* ------------------------------------------------------------------------
@@ -1229,6 +1463,9 @@ native_stop(PyObject *module, PyObject *unused)
     Py_END_ALLOW_THREADS
     S->running = 0;
     __atomic_store_n(&S->wake_fd, -1, __ATOMIC_RELEASE);
+    pthread_mutex_lock(&S->tick_mu);
+    slots_close_all();   /* a stopped sampler keeps no file open */
+    pthread_mutex_unlock(&S->tick_mu);
     Py_RETURN_NONE;
 }
 
@@ -1264,13 +1501,16 @@ typedef struct {
     PyObject *loc;     /* strong; NULL: empty; Py_None: invalid (dropped) */
 } memo_t;
 
+/* At most; a drain of few frames takes fewer (a power of two, at least
+ * twice its frames): clearing and freeing it is part of every drain. */
 #define MEMO_SLOTS 8192
+#define MEMO_MIN 64
 
 static inline size_t
 memo_hash(uintptr_t code, int32_t lasti)
 {
     uint64_t h = ((uint64_t)code >> 4) * 0x9E3779B97F4A7C15ULL ^ (uint64_t)(uint32_t)lasti * 0xC2B2AE3D27D4EB4FULL;
-    return (size_t)(h ^ (h >> 31)) % MEMO_SLOTS;
+    return (size_t)(h ^ (h >> 31));
 }
 
 static PyObject *
@@ -1397,7 +1637,11 @@ native_drain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     S->woken = 0;
     pthread_mutex_unlock(&ring->mu);
 
-    memo_t *memo = PyMem_Calloc(MEMO_SLOTS, sizeof(memo_t));
+    size_t memo_slots = MEMO_MIN;
+    while (memo_slots < MEMO_SLOTS && memo_slots < 2 * nf) {
+        memo_slots *= 2;
+    }
+    memo_t *memo = PyMem_Calloc(memo_slots, sizeof(memo_t));
     if (memo == NULL && nf) {
         PyMem_RawFree(ss);
         PyMem_RawFree(ff);
@@ -1441,7 +1685,7 @@ native_drain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             size_t h = memo_hash(fr->code, fr->lasti);
             PyObject *loc = NULL;
             for (size_t k = 0; k < 8; k++) {
-                memo_t *m = &memo[(h + k) % MEMO_SLOTS];
+                memo_t *m = &memo[(h + k) & (memo_slots - 1)];
                 if (m->loc == NULL) {
                     loc = resolve(locs, new_loc, fr, &invalid);
                     if (loc == NULL) {
@@ -1499,7 +1743,7 @@ native_drain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     result = PyLong_FromUnsignedLongLong(instants);
 done:
     if (memo != NULL) {
-        for (size_t i = 0; i < MEMO_SLOTS; i++) {
+        for (size_t i = 0; i < memo_slots; i++) {
             Py_XDECREF(memo[i].loc);
         }
         PyMem_Free(memo);
@@ -1566,12 +1810,13 @@ native_stats(PyObject *module, PyObject *unused)
     }
 #define LD(x) (unsigned long long)__atomic_load_n(&(x), __ATOMIC_RELAXED)
     return Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsNsdsdsdsdsi}",
+        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsNsdsdsdsdsi}",
         "ticks", LD(S->ticks), "thread_samples", LD(S->thread_samples), "frames", LD(S->frames),
         "torn", LD(S->torn), "bad", LD(S->bad), "overflow", LD(S->overflow),
         "truncated", LD(S->truncated), "unread", LD(S->unread),
         "invalid", LD(drain_invalid), "dropped", LD(drain_dropped),
-        "drawn", LD(S->drawn), "lost", LD(S->lost), "queued", (unsigned long long)queued, "queued_ticks", (unsigned long long)queued_ticks,
+        "drawn", LD(S->drawn), "lost", LD(S->lost), "reused", LD(S->reused),
+        "code_hits", LD(S->code_hits), "code_misses", LD(S->code_misses), "queued", (unsigned long long)queued, "queued_ticks", (unsigned long long)queued_ticks,
         "states", states, "sampler_cpu_s", cpu_s, "tick_s", (double)LD(S->tick_ns) * 1e-9,
         "late_s", late_s, "cost_s", cost_s, "running", S->running);
 #undef LD
