@@ -409,6 +409,8 @@ typedef struct {
     uint32_t stack_start;
     uint16_t stack_depth;
     uint8_t stack_trunc;
+    uint8_t n_extra;
+    uintptr_t extra[4];       /* frames the last walk read on their own (read_frame()) */
 } tid_slot;
 static tid_slot tid_slots[TID_SLOTS];
 static int stat_fds_open;
@@ -500,6 +502,7 @@ tid_lookup(int32_t tid, uint64_t tick)
             s->cpu_ns = UINT64_MAX;
             s->tick = tick;
             s->stack_tick = 0;
+            s->n_extra = 0;
             return s;
         }
     }
@@ -576,14 +579,34 @@ static int n_seen;
  * instead of one per frame. Frames outside it are read one by one. */
 #define REGION_MAX (64 * 1024)
 static unsigned char region_buf[REGION_MAX] __attribute__((aligned(16)));
+static const unsigned char *region_ptr = region_buf;   /* the copy of [region_lo, region_hi) */
 static uintptr_t region_lo, region_hi;   /* empty: lo == hi */
+
+/* Frames outside the data stack (the C stack's entry frames, generators'
+ * frames): the walk notes those it read one by one, and the next tick reads
+ * them in its batch with the data stacks (read_tops_regions()), as copies
+ * of the same moment. */
+#define EXTRA_FRAMES 4
+static uintptr_t extra_addr[EXTRA_FRAMES];    /* this walk's batch copies, */
+static const unsigned char *extra_copy[EXTRA_FRAMES];   /* NULL: not read */
+static uintptr_t missed[EXTRA_FRAMES];        /* the frames outside the data stack this walk read */
+static int n_missed;
 
 static int
 read_frame(_PyInterpreterFrame *dst, uintptr_t f)
 {
     if (f >= region_lo && f < region_hi && region_hi - f >= FRAME_HEAD_SIZE) {
-        memcpy(dst, region_buf + (f - region_lo), FRAME_HEAD_SIZE);
+        memcpy(dst, region_ptr + (f - region_lo), FRAME_HEAD_SIZE);
         return 0;
+    }
+    if (n_missed < EXTRA_FRAMES) {
+        missed[n_missed++] = f;
+    }
+    for (int i = 0; i < EXTRA_FRAMES; i++) {
+        if (extra_addr[i] == f && extra_copy[i] != NULL) {
+            memcpy(dst, extra_copy[i], FRAME_HEAD_SIZE);
+            return 0;
+        }
     }
     return safe_read(dst, f, FRAME_HEAD_SIZE);
 }
@@ -891,6 +914,7 @@ read_top_region(const PyThreadState *ts, uintptr_t *top)
     int k = 0;
     size_t need = 0;
     region_lo = region_hi = 0;
+    region_ptr = region_buf;
 #if PY_VERSION_HEX >= 0x030D0000
     *top = (uintptr_t)ts->current_frame;
     if (*top == 0) {
@@ -935,7 +959,221 @@ read_top_region(const PyThreadState *ts, uintptr_t *top)
     return 0;
 }
 
+/* A tick's view of one thread, between its phases. */
+typedef struct {
+    uintptr_t addr;
+    PyThreadState ts;
+    tid_slot *slot;
+    uint64_t cpu0;
+    int have_cpu0;
+    int top_ok;            /* top read by the batch */
+    uintptr_t top;
+    uintptr_t cframe_again;   /* before 3.13: the C frame pointer, read again by the batch */
+    uintptr_t region_lo, region_hi;   /* the batch's copy, at region_off in region_pool */
+    size_t region_off;
+    int extra_at;          /* its frames in extra_pool, EXTRA_FRAMES from there */
+    uint8_t extra_ok[EXTRA_FRAMES];
+} tick_thread;
+
+static tick_thread tick_threads[MAX_THREADS];   /* under tick_mu */
+/* The thread states' addresses in list order at the last tick: all read
+ * again in one system call, and the list taken as is if it still links them
+ * in that order (each `next`, and the head). */
+static uintptr_t list_cache[MAX_THREADS];
+static int n_list_cache;
+/* The batch's copies of the data stacks' tops, REGION_MAX at most each;
+ * threads beyond it read theirs on their own. */
+#define REGION_POOL (512 * 1024)
+static unsigned char region_pool[REGION_POOL] __attribute__((aligned(16)));
+static _PyInterpreterFrame extra_pool[MAX_THREADS * EXTRA_FRAMES];   /* only their heads are read */
+/* iovecs per process_vm_readv (the kernel's UIO_MAXIOV) */
+#define IOV_BATCH 1024
+
+/* Read the thread states into tick_threads, in list order; returns how many
+ * (the prefix read before a failure, counted in *bad), -1 if the list's head
+ * could not be read. */
+static int
+read_threads(int *bad)
+{
+    static struct iovec local[IOV_BATCH], remote[IOV_BATCH];
+    uintptr_t head_at = S->interp + offsetof(PyInterpreterState, threads.head);
+    uintptr_t head;
+    int n = n_list_cache;
+    if (n > 0 && n + 1 <= IOV_BATCH) {
+        local[0].iov_base = &head;
+        local[0].iov_len = sizeof(head);
+        remote[0].iov_base = (void *)head_at;
+        remote[0].iov_len = sizeof(head);
+        for (int i = 0; i < n; i++) {
+            local[i + 1].iov_base = &tick_threads[i].ts;
+            local[i + 1].iov_len = sizeof(PyThreadState);
+            remote[i + 1].iov_base = (void *)list_cache[i];
+            remote[i + 1].iov_len = sizeof(PyThreadState);
+        }
+        ssize_t got = process_vm_readv(self_pid, local, (unsigned long)(n + 1), remote, (unsigned long)(n + 1), 0);
+        int ok = got == (ssize_t)(sizeof(head) + (size_t)n * sizeof(PyThreadState)) && head == list_cache[0];
+        for (int i = 0; ok && i < n; i++) {
+            const PyThreadState *ts = &tick_threads[i].ts;
+            uintptr_t want = i + 1 < n ? list_cache[i + 1] : 0;
+            ok = (uintptr_t)ts->interp == S->interp && (uintptr_t)ts->next == want;
+            tick_threads[i].addr = list_cache[i];
+        }
+        if (ok) {
+            return n;
+        }
+    }
+    /* The list changed (or first time): one thread state after the other. */
+    if (safe_read_ptr(&head, head_at) < 0) {
+        return -1;
+    }
+    n = 0;
+    uintptr_t ts_addr = head;
+    while (ts_addr != 0) {
+        if (n >= MAX_THREADS) {
+            (*bad)++;
+            break;
+        }
+        PyThreadState *ts = &tick_threads[n].ts;
+        if ((ts_addr & (sizeof(void *) - 1)) != 0 || safe_read(ts, ts_addr, sizeof(*ts)) < 0) {
+            (*bad)++;
+            break;
+        }
+        if ((uintptr_t)ts->interp != S->interp) {
+            (*bad)++;     /* freed and reused under us: the rest of the list is not ours */
+            break;
+        }
+        tick_threads[n].addr = ts_addr;
+        list_cache[n] = ts_addr;
+        n++;
+        ts_addr = (uintptr_t)ts->next;
+    }
+    n_list_cache = ts_addr == 0 ? n : 0;   /* a list read whole is the guess for the next tick */
+    return n;
+}
+
+/* The top frame pointers (before 3.13) and data-stack tops of the threads
+ * `which[0..m)` in one system call. Those it does not reach read theirs on
+ * their own (top_ok 0). */
+static void
+read_tops_regions(const int *which, int m)
+{
+    static struct iovec local[IOV_BATCH], remote[IOV_BATCH];
+    static int owner[IOV_BATCH], kind[IOV_BATCH];   /* thread, 0: top 1: region 2: C frame */
+    size_t pool = 0;
+    int k = 0;
+    for (int j = 0; j < m; j++) {
+        tick_thread *t = &tick_threads[which[j]];
+        const PyThreadState *ts = &t->ts;
+        t->top_ok = 0;
+        t->region_lo = t->region_hi = 0;
+        if (k + 3 > IOV_BATCH) {
+            continue;
+        }
+        /* The top frame pointer read again here, after the GIL's state the
+         * walk's stillness is judged from (tick_once()): before 3.13 the C
+         * frame pointer too, which must be the thread state's copy's. */
+#if PY_VERSION_HEX >= 0x030D0000
+        local[k].iov_base = &t->top;
+        local[k].iov_len = sizeof(t->top);
+        remote[k].iov_base = (void *)(t->addr + offsetof(PyThreadState, current_frame));
+        remote[k].iov_len = sizeof(t->top);
+        owner[k] = which[j];
+        kind[k] = 0;
+        k++;
+#else
+        local[k].iov_base = &t->cframe_again;
+        local[k].iov_len = sizeof(t->cframe_again);
+        remote[k].iov_base = (void *)(t->addr + offsetof(PyThreadState, cframe));
+        remote[k].iov_len = sizeof(t->cframe_again);
+        owner[k] = which[j];
+        kind[k] = 2;
+        k++;
+        local[k].iov_base = &t->top;
+        local[k].iov_len = sizeof(t->top);
+        remote[k].iov_base = (void *)((uintptr_t)ts->cframe + offsetof(_PyCFrame, current_frame));
+        remote[k].iov_len = sizeof(t->top);
+        owner[k] = which[j];
+        kind[k] = 0;
+        k++;
+#endif
+        uintptr_t chunk = (uintptr_t)ts->datastack_chunk, ds_top = (uintptr_t)ts->datastack_top;
+        if (chunk != 0 && ds_top > chunk + offsetof(_PyStackChunk, data)) {
+            uintptr_t lo = chunk + offsetof(_PyStackChunk, data);
+            if (ds_top - lo > REGION_MAX) {
+                lo = (ds_top - REGION_MAX) & ~(uintptr_t)(sizeof(void *) - 1);
+            }
+            size_t len = ds_top - lo;
+            if (pool + len <= REGION_POOL) {
+                t->region_off = pool;
+                local[k].iov_base = region_pool + pool;
+                local[k].iov_len = len;
+                remote[k].iov_base = (void *)lo;
+                remote[k].iov_len = len;
+                owner[k] = which[j];
+                kind[k] = 1;
+                k++;
+                pool += (len + 15) & ~(size_t)15;
+                t->region_lo = lo;   /* hi set once read */
+            }
+        }
+    }
+    /* Last, as they may be gone (a thread's C stack unmapped): the frames
+     * each thread's last walk read on their own. */
+    for (int j = 0; j < m; j++) {
+        tick_thread *t = &tick_threads[which[j]];
+        t->extra_at = which[j] * EXTRA_FRAMES;
+        memset(t->extra_ok, 0, sizeof(t->extra_ok));
+        int ne = t->slot != NULL ? t->slot->n_extra : 0;
+        for (int e = 0; e < ne && k < IOV_BATCH; e++) {
+            local[k].iov_base = &extra_pool[t->extra_at + e];
+            local[k].iov_len = FRAME_HEAD_SIZE;
+            remote[k].iov_base = (void *)t->slot->extra[e];
+            remote[k].iov_len = FRAME_HEAD_SIZE;
+            owner[k] = which[j];
+            kind[k] = 3 + e;
+            k++;
+        }
+    }
+    if (k == 0) {
+        return;
+    }
+    ssize_t got = process_vm_readv(self_pid, local, (unsigned long)k, remote, (unsigned long)k, 0);
+    size_t left = got < 0 ? 0 : (size_t)got;
+    for (int i = 0; i < k; i++) {
+        tick_thread *t = &tick_threads[owner[i]];
+        int whole = left >= local[i].iov_len;
+        left = whole ? left - local[i].iov_len : 0;
+#if PY_VERSION_HEX < 0x030D0000
+        if (kind[i] == 2) {
+            t->top_ok = whole && t->cframe_again == (uintptr_t)t->ts.cframe ? 1 : -1;
+            continue;
+        }
+#endif
+        if (kind[i] >= 3) {
+            t->extra_ok[kind[i] - 3] = (uint8_t)whole;
+            continue;
+        }
+        if (kind[i] == 2) {
+            continue;
+        }
+        if (kind[i] == 0) {
+            t->top_ok = whole && t->top_ok >= 0;
+        }
+        else if (whole) {
+            t->region_hi = (uintptr_t)remote[i].iov_base + local[i].iov_len;
+        }
+        else {
+            t->region_lo = 0;
+        }
+    }
+}
+
 /* One sample of every thread. Under tick_mu. Never calls the C API.
+ *
+ * In phases, so that the reads of all threads go in few system calls: the
+ * thread states (one call, if the list is as it was), each thread's CPU
+ * clock, the top frames and data-stack tops of those to walk (one call),
+ * then each walk, checked as before.
  *
  * A thread whose CPU clock reads what it read just after its last walk (in
  * the previous tick, a walk during which the clock did not move either) has
@@ -958,39 +1196,51 @@ tick_once(void)
     }
     int ns = 0, nf = 0;
     const int fcap = (int)(sizeof(S->scratch_f) / sizeof(S->scratch_f[0]));
-    uintptr_t ts_addr;
-    if (safe_read_ptr(&ts_addr, S->interp + offsetof(PyInterpreterState, threads.head)) < 0) {
+    int nbad = 0;
+    uint64_t torn = 0, bad = 0, trunc = 0, lost = 0, reused = 0;
+    /* The GIL's state is read before the thread states: a walk is known
+     * still (see below) only if the thread ran no Python code from the
+     * moment its top frame pointer was read to the end of the walk. */
+    gil_view g_pre = {0, 0, 0};
+    int have_g_pre = gil_read(&g_pre) == 0;
+    int nthreads = read_threads(&nbad);
+    bad += (uint64_t)nbad;
+    if (nthreads < 0) {
         add(&S->unread, 1);
         return;
     }
-    int nthreads = 0;
-    uint64_t torn = 0, bad = 0, trunc = 0, lost = 0, reused = 0;
-    PyThreadState tsbuf;
-    while (ts_addr != 0) {
-        if (++nthreads > MAX_THREADS) {
-            bad++;
-            break;
+    static int to_walk[MAX_THREADS];
+    int n_walk = 0;
+    for (int i = 0; i < nthreads; i++) {
+        tick_thread *t = &tick_threads[i];
+        const PyThreadState *ts = &t->ts;
+        int32_t ntid = (int32_t)ts->native_thread_id;
+        t->slot = NULL;
+        t->have_cpu0 = 0;
+        if (ts->thread_id == S->skip || top_key(ts) == 0) {
+            continue;
         }
-        /* The GIL's state is read before the thread state: a walk is known
-         * still (see below) only if the thread ran no Python code from the
-         * moment its top frame pointer was read to the end of the walk. */
-        gil_view g_pre = {0, 0, 0};
-        int have_g_pre = gil_read(&g_pre) == 0;
-        if ((ts_addr & (sizeof(void *) - 1)) != 0 || safe_read(&tsbuf, ts_addr, sizeof(tsbuf)) < 0) {
-            bad++;
-            break;
-        }
-        const PyThreadState *ts = &tsbuf;
-        if ((uintptr_t)ts->interp != S->interp) {
-            bad++;     /* freed and reused under us: the rest of the list is not ours */
-            break;
-        }
-        uintptr_t next = (uintptr_t)ts->next;
+        t->slot = ntid > 0 ? tid_lookup(ntid, S->tick) : NULL;
+        t->have_cpu0 = ntid > 0 && thread_cpu_ns(ntid, &t->cpu0) == 0;
+        to_walk[n_walk++] = i;
+    }
+    /* The walks' stillness is judged from here (see read_tops_regions()). */
+    gil_view g_mid = {0, 0, 0};
+    int have_g_mid = gil_read(&g_mid) == 0;
+    if (n_walk > 0) {
+        read_tops_regions(to_walk, n_walk);
+    }
+    for (int j = 0; j < n_walk; j++) {
+        tick_thread *t = &tick_threads[to_walk[j]];
+        PyThreadState *ts = &t->ts;
+        uintptr_t ts_addr = t->addr;
         unsigned long ident = ts->thread_id;
         int32_t ntid = (int32_t)ts->native_thread_id;
-        if (ident == S->skip || ns >= MAX_THREADS || top_key(ts) == 0) {
-            ts_addr = next;
-            continue;
+        tid_slot *slot = t->slot;
+        uint64_t cpu0 = t->cpu0, cpu1 = 0;
+        int have_cpu0 = t->have_cpu0;
+        if (ns >= MAX_THREADS) {
+            break;
         }
         int truncated = 0;
         int room = fcap - nf;
@@ -999,12 +1249,8 @@ tick_once(void)
         }
         if (room <= 0) {
             trunc++;
-            ts_addr = next;
             continue;
         }
-        tid_slot *slot = ntid > 0 ? tid_lookup(ntid, S->tick) : NULL;
-        uint64_t cpu0 = 0, cpu1 = 0;
-        int have_cpu0 = ntid > 0 && thread_cpu_ns(ntid, &cpu0) == 0;
         if (slot != NULL && have_cpu0 && slot->stack_tick != 0 && slot->stack_tick + 1 == S->tick
             && slot->stack_cpu == cpu0 && slot->stack_ts == ts_addr && slot->stack_ident == ident
             && slot->stack_dstop == (uintptr_t)ts->datastack_top && slot->stack_key == top_key(ts)
@@ -1029,7 +1275,6 @@ tick_once(void)
             nf += depth;
             add(&S->states[st], 1);
             reused++;
-            ts_addr = next;
             continue;
         }
         if (slot != NULL) {
@@ -1043,20 +1288,39 @@ tick_once(void)
         uintptr_t top = 0;
         gil_view g0 = {0, 0, 0}, g1 = {0, 0, 0};
         for (int attempt = 0; attempt < WALK_ATTEMPTS; attempt++) {
-            if (attempt == 0) {
-                g0 = g_pre;
-                have_g = have_g_pre;
+            int got_top;
+            if (attempt == 0 && t->top_ok > 0) {
+                g0 = g_mid;
+                have_g = have_g_mid;
             }
             else {
                 have_g = gil_read(&g0) == 0;
-                if (safe_read(&tsbuf, ts_addr, sizeof(tsbuf)) < 0 || (uintptr_t)ts->interp != S->interp
+                if (safe_read(ts, ts_addr, sizeof(*ts)) < 0 || (uintptr_t)ts->interp != S->interp
                     || ts->thread_id != ident) {
                     depth = -1;
                     break;   /* it ended meanwhile */
                 }
                 have_cpu0 = ntid > 0 && thread_cpu_ns(ntid, &cpu0) == 0;
             }
-            if (read_top_region(ts, &top) < 0 || top == 0) {
+            if (attempt == 0 && t->top_ok > 0) {
+                top = t->top;
+                got_top = 0;
+                region_ptr = region_pool + t->region_off;
+                region_lo = t->region_lo;
+                region_hi = t->region_lo != 0 ? t->region_hi : 0;
+                if (region_hi == 0) {
+                    region_lo = 0;
+                }
+                for (int e = 0; e < EXTRA_FRAMES; e++) {
+                    int have = slot != NULL && e < slot->n_extra && t->extra_ok[e];
+                    extra_addr[e] = have ? slot->extra[e] : 0;
+                    extra_copy[e] = have ? (const unsigned char *)&extra_pool[t->extra_at + e] : NULL;
+                }
+            }
+            else {
+                got_top = read_top_region(ts, &top);
+            }
+            if (got_top < 0 || top == 0) {
                 region_lo = region_hi = 0;
                 if (attempt == 0) {
                     skip = 1;   /* no frame (yet, or any more) */
@@ -1064,8 +1328,18 @@ tick_once(void)
                 depth = -1;
                 break;
             }
+            n_missed = 0;
             depth = walk(top, &tick_f[nf], room, &truncated);
             region_lo = region_hi = 0;
+            for (int e = 0; e < EXTRA_FRAMES; e++) {
+                extra_addr[e] = 0;
+                extra_copy[e] = NULL;
+            }
+            if (slot != NULL) {
+                /* for the next tick's batch */
+                slot->n_extra = (uint8_t)n_missed;
+                memcpy(slot->extra, missed, sizeof(missed));
+            }
             have_g = have_g && gil_read(&g1) == 0;
             /* Not the last holder, and no other thread took the GIL since: it
              * ran no Python code while we walked, so what we read is what it has. */
@@ -1089,7 +1363,6 @@ tick_once(void)
             }
         }
         if (skip) {
-            ts_addr = next;
             continue;
         }
         if (depth < 0 || torn_now) {
@@ -1125,8 +1398,8 @@ tick_once(void)
             nf += depth;
             add(&S->states[st], 1);
         }
-        ts_addr = next;
     }
+    region_ptr = region_buf;
     code_tick = 0;
     ring_commit(ns, nf);
     add(&S->ticks, 1);
@@ -1195,6 +1468,7 @@ static void *
 sampler_main(void *arg)
 {
     (void)arg;
+    uint64_t c0 = now_ns(CLOCK_THREAD_CPUTIME_ID);
     pthread_mutex_lock(&S->mu);
     uint64_t gen = S->gen;
     double next = (double)now_ns(CLOCK_MONOTONIC) * 1e-9 + (S->mean_s > 0 ? next_delay() : 0.0);
@@ -1236,14 +1510,16 @@ sampler_main(void *arg)
         }
         next = now + next_delay();
         pthread_mutex_unlock(&S->mu);
-        uint64_t c0 = now_ns(CLOCK_THREAD_CPUTIME_ID);
         pthread_mutex_lock(&S->tick_mu);
         tick_once();
         pthread_mutex_unlock(&S->tick_mu);
+        /* The tick's cost is the thread's CPU since the last tick's end: its
+         * wake-up included, and one clock read a tick. */
         uint64_t c1 = now_ns(CLOCK_THREAD_CPUTIME_ID);
         __atomic_store_n(&S->cpu_ns, c1, __ATOMIC_RELAXED);
         pthread_mutex_lock(&S->mu);
         double cost = (double)(c1 - c0) * 1e-9;
+        c0 = c1;
         S->cost_s += 0.1 * (cost - S->cost_s);
         if (S->rate > 0) {
             S->tokens -= cost;
