@@ -1728,6 +1728,9 @@ native_stop(PyObject *module, PyObject *unused)
     (void)module;
     (void)unused;
     if (!S->running) {
+        pthread_mutex_lock(&S->tick_mu);
+        slots_close_all();   /* sample_once()'s files */
+        pthread_mutex_unlock(&S->tick_mu);
         Py_RETURN_NONE;
     }
     pthread_mutex_lock(&S->mu);
