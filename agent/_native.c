@@ -335,6 +335,7 @@ typedef struct {
     double late_s;           /* moving average of how late the thread wakes */
     int wake_fd;             /* written when the ring fills: the agent drains */
     int woken;               /* a byte was written since the last drain */
+    int starved;             /* waiting for tokens (under mu) */
 
     /* serialises ticks (the thread's, and sample_once()'s) */
     pthread_mutex_t tick_mu;
@@ -1480,15 +1481,22 @@ sampler_main(void *arg)
             break;
         }
         double now = (double)now_ns(CLOCK_MONOTONIC) * 1e-9;
+        int due = rc == ETIMEDOUT && now >= wake && S->mean_s > 0;
         if (S->gen != gen) {
             gen = S->gen;
-            double fresh = now + (S->mean_s > 0 ? next_delay() : 0.0);
-            if (!(next > now && next < fresh)) {
-                next = fresh;
+            if (!due) {
+                double fresh = now + (S->mean_s > 0 ? next_delay() : 0.0);
+                if (!(next > now && next < fresh)) {
+                    next = fresh;
+                }
+                continue;
             }
-            continue;
+            /* due anyway: sample, the next delay is drawn with the new mean */
         }
-        if (rc != ETIMEDOUT || now < wake || S->mean_s <= 0) {
+        if (!due) {
+            if (S->starved && S->rate > 0 && S->tokens >= S->cost_s) {
+                next = now;   /* the agent gave it tokens: sample now */
+            }
             continue;
         }
         S->late_s += 0.05 * ((now - wake) - S->late_s);
@@ -1505,9 +1513,11 @@ sampler_main(void *arg)
                 /* over budget until the bucket refills, or the agent sets new tokens */
                 double w = (S->cost_s - S->tokens) / S->rate;
                 next = now + (w < 3600.0 ? w : 3600.0);
+                S->starved = 1;
                 continue;
             }
         }
+        S->starved = 0;
         next = now + next_delay();
         pthread_mutex_unlock(&S->mu);
         pthread_mutex_lock(&S->tick_mu);
@@ -1548,6 +1558,7 @@ after_fork_child(void)
     S->cv_ready = 0;
     S->running = 0;
     S->stop = 0;
+    S->starved = 0;
     S->wake_fd = -1;
     self_pid = getpid();
     slots_close_all();   /* the parent's threads' files */
@@ -1633,6 +1644,7 @@ native_start(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     pthread_mutex_unlock(&S->tick_mu);
     pthread_mutex_lock(&S->mu);
     S->stop = 0;
+    S->starved = 0;
     S->mean_s = 0.0;
     S->spread = 0.25;
     S->rate = 0.0;
@@ -1704,15 +1716,21 @@ native_set(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         S->cap = cap;
         S->tokens = tokens < cap ? tokens : cap;
         S->tokens_at = (double)now_ns(CLOCK_MONOTONIC) * 1e-9;
-        if (S->cv_ready) {
-            pthread_cond_signal(&S->cv);   /* money may have come: look again */
+        /* Woken only if it waits for money and now has enough: the agent
+         * calls this at each of its wake-ups, and every wake-up of the
+         * sampler for nothing is CPU charged to the budget. */
+        if (S->cv_ready && S->starved && S->tokens >= S->cost_s) {
+            pthread_cond_signal(&S->cv);
         }
     }
     if (S->mean_s != mean || S->spread != spread) {
+        /* Woken only if the new mean may bring its next sample sooner (a
+         * longer one or a pause take effect at its next wake-up). */
+        int sooner = mean > 0 && (S->mean_s <= 0 || mean < S->mean_s);
         S->mean_s = mean;
         S->spread = spread;
         S->gen++;
-        if (S->cv_ready) {
+        if (S->cv_ready && sooner) {
             pthread_cond_signal(&S->cv);
         }
     }
