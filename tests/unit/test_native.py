@@ -378,6 +378,9 @@ def test_stress_threads_and_recursion_at_the_highest_rate(run: Run) -> None:
             assert j == len(names) or names[j] in ("_churn", "run"), names
         n += count
     assert n > 0
+    if "DYPER_STRESS_S" in os.environ:  # the long run of docs/measurements.md: say what it read
+        keys = ("ticks", "thread_samples", "frames", "reused", "torn", "bad", "lost", "invalid", "dropped")
+        print({k: after[k] - before[k] for k in keys})
     dropped = sum(after[k] - before[k] for k in ("torn", "bad", "overflow", "invalid", "dropped"))
     assert dropped >= 0  # counted, never reported as frames
 
