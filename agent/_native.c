@@ -1837,27 +1837,99 @@ make_key(int32_t lasti_units, uintptr_t code)
 
 /* The location of a frame, new reference; Py_None (new ref) if the frame
  * fails validation; NULL with an exception on error. */
-static PyObject *
-resolve(PyObject *locs, PyObject *new_loc, const frame_rec *fr, uint64_t *invalid)
+/* The code objects of one drain: each address (with the check word seen at
+ * sample time) validated once, all in one system call, and held (a strong
+ * reference) until the drain ends. */
+typedef struct {
+    uintptr_t code;
+    uint32_t check;
+    int8_t state;          /* 0: empty, 1: alive (held), -1: not that code object */
+    Py_ssize_t size;
+} drain_code;
+
+static drain_code *
+drain_code_find(drain_code *t, size_t n, uintptr_t code, uint32_t check)
 {
+    size_t h = (size_t)(((uint64_t)code >> 4) * 0x9E3779B97F4A7C15ULL ^ check) & (n - 1);
+    for (size_t k = 0; k < n; k++) {
+        drain_code *d = &t[(h + k) & (n - 1)];
+        if (d->state == 0 || (d->code == code && d->check == check)) {
+            return d;
+        }
+    }
+    return NULL;
+}
+
+/* Fill `t` (n slots, a power of two > the distinct codes) from the frames,
+ * then validate them: is the code object seen at sample time still there,
+ * alive? Asked even of an address the tables know (they keep that object
+ * alive): the one seen may have died before the tables took another one at
+ * its address. A live one is held at once, with no Python code run since
+ * its read. */
+static void
+drain_codes(drain_code *t, size_t n, const frame_rec *ff, uint64_t nf)
+{
+    static struct iovec local[IOV_BATCH], remote[IOV_BATCH];
+    static PyCodeObject heads[IOV_BATCH];   /* only the first CODE_HEAD_SIZE bytes are read */
+    static drain_code *which[IOV_BATCH];
+    for (uint64_t i = 0; i < nf; i++) {
+        drain_code *d = drain_code_find(t, n, ff[i].code, ff[i].check);
+        if (d != NULL && d->state == 0) {
+            d->code = ff[i].code;
+            d->check = ff[i].check;
+            d->state = 2;   /* to read */
+        }
+    }
+    size_t i = 0;
+    while (i < n) {
+        int k = 0;
+        for (; i < n && k < IOV_BATCH; i++) {
+            if (t[i].state != 2) {
+                continue;
+            }
+            local[k].iov_base = &heads[k];
+            local[k].iov_len = CODE_HEAD_SIZE;
+            remote[k].iov_base = (void *)t[i].code;
+            remote[k].iov_len = CODE_HEAD_SIZE;
+            which[k] = &t[i];
+            k++;
+        }
+        if (k == 0) {
+            break;
+        }
+        ssize_t got = process_vm_readv(self_pid, local, (unsigned long)k, remote, (unsigned long)k, 0);
+        size_t left = got < 0 ? 0 : (size_t)got;
+        for (int j = 0; j < k; j++) {
+            drain_code *d = which[j];
+            const PyCodeObject *c = &heads[j];
+            int whole = left >= CODE_HEAD_SIZE;
+            left = whole ? left - CODE_HEAD_SIZE : 0;
+            if (!whole && safe_read(&heads[j], d->code, CODE_HEAD_SIZE) < 0) {
+                d->state = -1;   /* after the batch's failure, each on its own */
+                continue;
+            }
+            if (Py_TYPE((PyObject *)c) != &PyCode_Type || !plausible_refcnt(Py_REFCNT((PyObject *)c))
+                || code_check(c) != d->check) {
+                d->state = -1;
+                continue;
+            }
+            d->size = Py_SIZE((PyObject *)c);
+            Py_INCREF((PyObject *)d->code);
+            d->state = 1;
+        }
+    }
+}
+
+static PyObject *
+resolve(PyObject *locs, PyObject *new_loc, const frame_rec *fr, const drain_code *dc, uint64_t *invalid)
+{
+    if (dc == NULL || dc->state != 1 || fr->lasti >= dc->size) {
+        (*invalid)++;
+        Py_RETURN_NONE;
+    }
     PyObject *key = make_key(fr->lasti, fr->code);
     if (key == NULL) {
         return NULL;
-    }
-    /* Is the code object seen at sample time still there, alive? Asked even
-     * of an address the tables know (they keep that object alive): the one
-     * seen may have died before the tables took another one at its address. */
-    PyCodeObject cbuf;   /* only the first CODE_HEAD_SIZE bytes are read */
-    const PyCodeObject *c = &cbuf;
-    if (safe_read(&cbuf, fr->code, CODE_HEAD_SIZE) < 0
-        || Py_TYPE((PyObject *)c) != &PyCode_Type
-        || !plausible_refcnt(Py_REFCNT((PyObject *)c))
-        || code_check(c) != fr->check
-        || fr->lasti >= Py_SIZE((PyObject *)c))
-    {
-        Py_DECREF(key);
-        (*invalid)++;
-        Py_RETURN_NONE;
     }
     PyObject *loc = PyDict_GetItemWithError(locs, key);   /* borrowed */
     if (loc != NULL) {
@@ -1868,8 +1940,7 @@ resolve(PyObject *locs, PyObject *new_loc, const frame_rec *fr, uint64_t *invali
         Py_DECREF(key);
         return NULL;
     }
-    /* We hold the GIL and run no Python code until it has a reference of
-     * ours: it cannot be freed in between. */
+    /* drain_codes() holds it: it cannot be freed in between. */
     PyObject *code = Py_NewRef((PyObject *)fr->code);
     int lasti_b = fr->lasti < 0 ? -1 : fr->lasti * (int)sizeof(_Py_CODEUNIT);
     int line = PyCode_Addr2Line((PyCodeObject *)code, lasti_b < 0 ? 0 : lasti_b);
@@ -1939,11 +2010,21 @@ native_drain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         memo_slots *= 2;
     }
     memo_t *memo = PyMem_Calloc(memo_slots, sizeof(memo_t));
-    if (memo == NULL && nf) {
+
+    /* distinct codes fit (or the rest of them is dropped as invalid) */
+    size_t code_slots = 16;
+    while (code_slots < 2 * nf && code_slots < ((size_t)1 << 17)) {
+        code_slots *= 2;
+    }
+    drain_code *codes = PyMem_Calloc(code_slots, sizeof(drain_code));
+    if ((memo == NULL && nf) || codes == NULL) {
+        PyMem_Free(memo);
+        PyMem_Free(codes);
         PyMem_RawFree(ss);
         PyMem_RawFree(ff);
         return PyErr_NoMemory();
     }
+    drain_codes(codes, code_slots, ff, nf);
     uint64_t invalid = 0, dropped = 0, instants = 0, last_tick = 0;
     Py_ssize_t on_cpu = 0;
     PyObject *result = NULL;
@@ -1984,7 +2065,7 @@ native_drain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             for (size_t k = 0; k < 8; k++) {
                 memo_t *m = &memo[(h + k) & (memo_slots - 1)];
                 if (m->loc == NULL) {
-                    loc = resolve(locs, new_loc, fr, &invalid);
+                    loc = resolve(locs, new_loc, fr, drain_code_find(codes, code_slots, fr->code, fr->check), &invalid);
                     if (loc == NULL) {
                         Py_DECREF(stack);
                         goto done;
@@ -2001,7 +2082,7 @@ native_drain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                 }
             }
             if (loc == NULL) {   /* memo neighbourhood full */
-                loc = resolve(locs, new_loc, fr, &invalid);
+                loc = resolve(locs, new_loc, fr, drain_code_find(codes, code_slots, fr->code, fr->check), &invalid);
                 if (loc == NULL) {
                     Py_DECREF(stack);
                     goto done;
@@ -2045,6 +2126,12 @@ done:
         }
         PyMem_Free(memo);
     }
+    for (size_t i = 0; i < code_slots; i++) {
+        if (codes[i].state == 1) {
+            Py_DECREF((PyObject *)codes[i].code);
+        }
+    }
+    PyMem_Free(codes);
     PyMem_RawFree(ss);
     PyMem_RawFree(ff);
     __atomic_fetch_add(&drain_invalid, invalid, __ATOMIC_RELAXED);
