@@ -68,6 +68,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -178,25 +179,6 @@ top_frame(const PyThreadState *ts, uintptr_t *out)
     return 0;
 #else
     uintptr_t cframe = (uintptr_t)ts->cframe;
-    if (cframe == 0) {
-        *out = 0;
-        return 0;
-    }
-    return safe_read_ptr(out, cframe + offsetof(_PyCFrame, current_frame));
-#endif
-}
-
-/* Re-read the top frame pointer straight from the thread state. */
-static int
-reread_top(uintptr_t tstate_addr, uintptr_t *out)
-{
-#if PY_VERSION_HEX >= 0x030D0000
-    return safe_read_ptr(out, tstate_addr + offsetof(PyThreadState, current_frame));
-#else
-    uintptr_t cframe;
-    if (safe_read_ptr(&cframe, tstate_addr + offsetof(PyThreadState, cframe)) < 0) {
-        return -1;
-    }
     if (cframe == 0) {
         *out = 0;
         return 0;
@@ -353,6 +335,7 @@ typedef struct {
     double late_s;           /* moving average of how late the thread wakes */
     int wake_fd;             /* written when the ring fills: the agent drains */
     int woken;               /* a byte was written since the last drain */
+    int starved;             /* waiting for tokens (under mu) */
 
     /* serialises ticks (the thread's, and sample_once()'s) */
     pthread_mutex_t tick_mu;
@@ -365,6 +348,8 @@ typedef struct {
     uint64_t ticks, thread_samples, torn, bad, overflow, truncated, unread, frames;
     uint64_t drawn;          /* runnable samples counted on a CPU by the draw in classify() */
     uint64_t lost;           /* thread samples given up: every walk of it torn or bad */
+    uint64_t reused;         /* thread samples given the thread's last stack: its clock stood still */
+    uint64_t code_hits, code_misses;   /* read_code()'s cache */
     uint64_t states[NST_COUNT];
     uint64_t cpu_ns;         /* the sampler thread's CPU clock after its last tick */
     uint64_t exit_cpu_ns;    /* ... when it ended */
@@ -403,18 +388,95 @@ thread_cpu_ns(int32_t tid, uint64_t *out)
     return 0;
 }
 
-/* Field 3 of /proc/self/task/TID/stat ('R', 'S', 'D', ...), 0 if unreadable. */
-static char
-kernel_state(int32_t tid)
+/* Per-thread memory from one sample to the next (under tick_mu): the CPU
+ * clock and wall time of the last sample (classify()), a kept-open
+ * /proc/self/task/TID/stat (one pread per reading instead of open, read,
+ * close), and the last stack, reused while the thread's CPU clock stands
+ * still (tick_once()). */
+#define TID_SLOTS 4096
+/* /proc files kept open at most; beyond, a reading opens and closes its own. */
+#define MAX_STAT_FDS 256
+typedef struct {
+    int32_t tid;
+    int fdp1;                 /* the stat file's fd + 1; 0: none */
+    dev_t fd_dev;             /* what that fd was when opened: it is closed */
+    ino_t fd_ino;             /* only if it still is (the program may close ours) */
+    uint64_t cpu_ns, wall_ns, tick;
+    /* The last stack: in the frames of tick `stack_tick` (only the previous
+     * tick's are kept), known current while the clock reads `stack_cpu`. */
+    uint64_t stack_tick, stack_cpu;
+    uintptr_t stack_ts, stack_dstop, stack_key;
+    unsigned long stack_ident, stack_switch;
+    uint32_t stack_start;
+    uint16_t stack_depth;
+    uint8_t stack_trunc;
+    uint8_t n_extra;
+    uintptr_t extra[4];       /* frames the last walk read on their own (read_frame()) */
+} tid_slot;
+static tid_slot tid_slots[TID_SLOTS];
+static int stat_fds_open;
+static uint64_t tick_rng = 0x9E3779B97F4A7C15ULL;
+
+/* Close a slot's stat file, if the fd is still the file we opened. */
+static void
+slot_close(tid_slot *s)
 {
-    char path[64], buf[512];
-    snprintf(path, sizeof(path), "/proc/self/task/%d/stat", (int)tid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        return 0;
+    if (s->fdp1 <= 0) {
+        return;
     }
-    ssize_t n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
+    struct stat st;
+    int fd = s->fdp1 - 1;
+    if (fstat(fd, &st) == 0 && st.st_dev == s->fd_dev && st.st_ino == s->fd_ino) {
+        close(fd);
+    }
+    s->fdp1 = 0;
+    stat_fds_open--;
+}
+
+static void
+slots_close_all(void)
+{
+    for (int i = 0; i < TID_SLOTS; i++) {
+        slot_close(&tid_slots[i]);
+        tid_slots[i].stack_tick = 0;
+    }
+    stat_fds_open = 0;
+}
+
+/* Field 3 of /proc/self/task/TID/stat ('R', 'S', 'D', ...), 0 if unreadable.
+ * With a slot, its file stays open: one system call a reading. A thread that
+ * ended reads ESRCH through its old fd (even if a new thread has its tid):
+ * the file is opened again. */
+static char
+kernel_state(tid_slot *slot, int32_t tid)
+{
+    char buf[512];
+    ssize_t n = -1;
+    if (slot != NULL && slot->fdp1 > 0) {
+        n = pread(slot->fdp1 - 1, buf, sizeof(buf) - 1, 0);
+        if (n <= 0) {
+            slot_close(slot);
+        }
+    }
+    if (n <= 0) {
+        char path[64];
+        snprintf(path, sizeof(path), "/proc/self/task/%d/stat", (int)tid);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            return 0;
+        }
+        n = pread(fd, buf, sizeof(buf) - 1, 0);
+        struct stat st;
+        if (slot != NULL && n > 0 && stat_fds_open < MAX_STAT_FDS && fstat(fd, &st) == 0) {
+            slot->fdp1 = fd + 1;
+            slot->fd_dev = st.st_dev;
+            slot->fd_ino = st.st_ino;
+            stat_fds_open++;
+        }
+        else {
+            close(fd);
+        }
+    }
     if (n <= 0) {
         return 0;
     }
@@ -426,15 +488,6 @@ kernel_state(int32_t tid)
     return p[2];
 }
 
-/* Per-thread clocks remembered from the last sample (under tick_mu). */
-#define TID_SLOTS 4096
-typedef struct {
-    int32_t tid;
-    uint64_t cpu_ns, wall_ns, tick;
-} tid_slot;
-static tid_slot tid_slots[TID_SLOTS];
-static uint64_t tick_rng = 0x9E3779B97F4A7C15ULL;
-
 static tid_slot *
 tid_lookup(int32_t tid, uint64_t tick)
 {
@@ -445,8 +498,12 @@ tid_lookup(int32_t tid, uint64_t tick)
             return s;
         }
         if (s->tid == 0 || s->tick + 2 < tick) {   /* free, or unseen for two samples */
+            slot_close(s);
             s->tid = tid;
             s->cpu_ns = UINT64_MAX;
+            s->tick = tick;
+            s->stack_tick = 0;
+            s->n_extra = 0;
             return s;
         }
     }
@@ -465,10 +522,10 @@ tick_uniform(void)
 }
 
 /* The state of a thread at this sample. `cpu0` is its CPU clock read just
- * before its stack was walked: read again now, microseconds later, it has
- * moved if the thread was on a CPU in between (the kernel brings a running
- * thread's clock up to date when it is read). If it did not move, the
- * kernel's state letter tells a sleeping thread from a runnable one. A
+ * before its stack was walked, `cpu1` read again after (microseconds later):
+ * it has moved if the thread was on a CPU in between (the kernel brings a
+ * running thread's clock up to date when it is read). If it did not move,
+ * the kernel's state letter tells a sleeping thread from a runnable one. A
  * runnable one that is not running is in the run queue -- or it was running
  * on the CPU this sampler woke up on, and our wake-up put it back in the
  * queue for as long as we look (on a machine with few CPUs, often). Which
@@ -477,20 +534,14 @@ tick_uniform(void)
  * wall time between the two), in the run queue otherwise. Counted over many
  * samples this charges each thread its CPU clock's share. */
 static uint8_t
-classify(int32_t tid, int holds_gil, int have_cpu0, uint64_t cpu0)
+classify(tid_slot *slot, int32_t tid, int holds_gil, uint64_t cpu0, uint64_t cpu1)
 {
-    uint64_t cpu1 = 0;
-    if (!have_cpu0 || thread_cpu_ns(tid, &cpu1) < 0) {
-        return NST_UNKNOWN;   /* the thread ended */
-    }
-    /* On a CPU: what the kernel's letter says does not matter (and reading
-     * it costs three system calls). */
-    char k = cpu1 > cpu0 ? 'R' : kernel_state(tid);
+    /* On a CPU: what the kernel's letter says does not matter. */
+    char k = cpu1 > cpu0 ? 'R' : kernel_state(slot, tid);
     if (k == 0) {
         return NST_UNKNOWN;
     }
     uint64_t wall = now_ns(CLOCK_MONOTONIC);
-    tid_slot *slot = tid_lookup(tid, S->tick);
     double p = -1.0;
     if (slot != NULL) {
         if (slot->cpu_ns != UINT64_MAX && wall > slot->wall_ns && cpu1 >= slot->cpu_ns) {
@@ -529,14 +580,34 @@ static int n_seen;
  * instead of one per frame. Frames outside it are read one by one. */
 #define REGION_MAX (64 * 1024)
 static unsigned char region_buf[REGION_MAX] __attribute__((aligned(16)));
+static const unsigned char *region_ptr = region_buf;   /* the copy of [region_lo, region_hi) */
 static uintptr_t region_lo, region_hi;   /* empty: lo == hi */
+
+/* Frames outside the data stack (the C stack's entry frames, generators'
+ * frames): the walk notes those it read one by one, and the next tick reads
+ * them in its batch with the data stacks (read_tops_regions()), as copies
+ * of the same moment. */
+#define EXTRA_FRAMES 4
+static uintptr_t extra_addr[EXTRA_FRAMES];    /* this walk's batch copies, */
+static const unsigned char *extra_copy[EXTRA_FRAMES];   /* NULL: not read */
+static uintptr_t missed[EXTRA_FRAMES];        /* the frames outside the data stack this walk read */
+static int n_missed;
 
 static int
 read_frame(_PyInterpreterFrame *dst, uintptr_t f)
 {
     if (f >= region_lo && f < region_hi && region_hi - f >= FRAME_HEAD_SIZE) {
-        memcpy(dst, region_buf + (f - region_lo), FRAME_HEAD_SIZE);
+        memcpy(dst, region_ptr + (f - region_lo), FRAME_HEAD_SIZE);
         return 0;
+    }
+    if (n_missed < EXTRA_FRAMES) {
+        missed[n_missed++] = f;
+    }
+    for (int i = 0; i < EXTRA_FRAMES; i++) {
+        if (extra_addr[i] == f && extra_copy[i] != NULL) {
+            memcpy(dst, extra_copy[i], FRAME_HEAD_SIZE);
+            return 0;
+        }
     }
     return safe_read(dst, f, FRAME_HEAD_SIZE);
 }
@@ -574,8 +645,12 @@ read_code(uintptr_t code, Py_ssize_t *size, int *firsttraceable, uint32_t *check
             *size = slot->size;
             *firsttraceable = slot->firsttraceable;
             *check = slot->check;
+            S->code_hits++;
             return 0;
         }
+    }
+    if (slot != NULL) {
+        S->code_misses++;
     }
     PyCodeObject cbuf;   /* only the first CODE_HEAD_SIZE bytes are read */
     const PyCodeObject *c = &cbuf;
@@ -678,35 +753,65 @@ walk(uintptr_t top, frame_rec *out, int cap, int *truncated)
 _Static_assert(offsetof(PyThreadState, datastack_top) == offsetof(PyThreadState, datastack_chunk) + sizeof(void *)
                && offsetof(PyThreadState, datastack_limit) == offsetof(PyThreadState, datastack_top) + sizeof(void *),
                "verify() reads the data stack's chunk, top and limit in one piece");
+/* The same, and the thread's top frame pointer read last, in the last batch:
+ * it must still be `top` (through the same `cframe` before 3.13). */
 static int
-verify(uintptr_t tstate_addr)
+verify(uintptr_t tstate_addr, uintptr_t top, uintptr_t cframe)
 {
     static _PyInterpreterFrame again[VERIFY_BATCH];   /* under tick_mu */
-    struct iovec local[VERIFY_BATCH + 1], remote[VERIFY_BATCH + 1];
+    struct iovec local[VERIFY_BATCH + 3], remote[VERIFY_BATCH + 3];
     uintptr_t ds[3];   /* datastack_chunk, datastack_top, datastack_limit */
+    uintptr_t top_again[2] = {0, 0};   /* (cframe,) current_frame */
     local[0].iov_base = ds;
     local[0].iov_len = sizeof(ds);
     remote[0].iov_base = (void *)(tstate_addr + offsetof(PyThreadState, datastack_chunk));
     remote[0].iov_len = sizeof(ds);
-    for (int base = 0; base < n_seen; base += VERIFY_BATCH) {
+    int base = 0;
+    do {
         int n = n_seen - base < VERIFY_BATCH ? n_seen - base : VERIFY_BATCH;
-        int first = base == 0 ? 1 : 0;   /* the top goes with the first batch */
+        int first = base == 0 ? 1 : 0;   /* the data stack's top goes with the first batch */
+        int last = base + n >= n_seen;   /* the top frame pointer with the last */
         for (int i = 0; i < n; i++) {
             local[first + i].iov_base = &again[i];
             local[first + i].iov_len = FRAME_HEAD_SIZE;
             remote[first + i].iov_base = (void *)seen_buf[base + i].addr;
             remote[first + i].iov_len = FRAME_HEAD_SIZE;
         }
-        ssize_t want = (ssize_t)(n * FRAME_HEAD_SIZE) + (first ? (ssize_t)sizeof(ds) : 0);
-        ssize_t got = process_vm_readv(self_pid, local + (1 - first), (unsigned long)(n + first),
-                                       remote + (1 - first), (unsigned long)(n + first), 0);
+        int k = first + n, extra = 0;
+        if (last) {
+#if PY_VERSION_HEX >= 0x030D0000
+            (void)cframe;
+            local[k].iov_base = &top_again[1];
+            local[k].iov_len = sizeof(uintptr_t);
+            remote[k].iov_base = (void *)(tstate_addr + offsetof(PyThreadState, current_frame));
+            remote[k].iov_len = sizeof(uintptr_t);
+            extra = 1;
+#else
+            if (cframe == 0) {
+                return -1;
+            }
+            local[k].iov_base = &top_again[0];
+            local[k].iov_len = sizeof(uintptr_t);
+            remote[k].iov_base = (void *)(tstate_addr + offsetof(PyThreadState, cframe));
+            remote[k].iov_len = sizeof(uintptr_t);
+            local[k + 1].iov_base = &top_again[1];
+            local[k + 1].iov_len = sizeof(uintptr_t);
+            remote[k + 1].iov_base = (void *)(cframe + offsetof(_PyCFrame, current_frame));
+            remote[k + 1].iov_len = sizeof(uintptr_t);
+            extra = 2;
+#endif
+        }
+        ssize_t want = (ssize_t)(n * FRAME_HEAD_SIZE) + (first ? (ssize_t)sizeof(ds) : 0)
+                       + (ssize_t)(extra * sizeof(uintptr_t));
+        ssize_t got = process_vm_readv(self_pid, local + (1 - first), (unsigned long)(n + first + extra),
+                                       remote + (1 - first), (unsigned long)(n + first + extra), 0);
         if (got != want) {
             return -1;
         }
-        uintptr_t chunk_lo = ds[0] + offsetof(_PyStackChunk, data), top = ds[1], limit = ds[2];
+        uintptr_t chunk_lo = ds[0] + offsetof(_PyStackChunk, data), ds_top = ds[1], limit = ds[2];
         for (int i = 0; i < n; i++) {
             const seen_frame *sf = &seen_buf[base + i];
-            if (sf->addr >= chunk_lo && sf->addr < limit && sf->addr >= top) {
+            if (sf->addr >= chunk_lo && sf->addr < limit && sf->addr >= ds_top) {
                 return -1;   /* above the top: popped */
             }
             if ((uintptr_t)again[i].previous != sf->previous || frame_code_addr(&again[i]) != sf->code) {
@@ -717,9 +822,26 @@ verify(uintptr_t tstate_addr)
                 return -1;
             }
         }
-    }
+        if (last) {
+#if PY_VERSION_HEX < 0x030D0000
+            if (top_again[0] != cframe) {
+                return -1;
+            }
+#endif
+            if (top_again[1] != top) {
+                return -1;
+            }
+        }
+        base += n;
+    } while (base < n_seen);
     return 0;
 }
+
+/* The frames of this tick's samples, and of the previous tick's (whose
+ * stacks a thread that did not run since gets again): two buffers, swapped
+ * at each tick. Under tick_mu. */
+static frame_rec scratch_f2[MAX_DEPTH * 8];
+static frame_rec *tick_f, *prev_f;
 
 /* Push the scratch samples of a tick into the ring, dropping the oldest to
  * make room. */
@@ -745,7 +867,7 @@ ring_commit(int ns, int nf_total)
         }
         uint64_t start = ring->f_head;
         for (uint64_t j = 0; j < d; j++) {
-            ring->frames[(start + j) % RING_FRAMES] = S->scratch_f[s->frame_start + j];
+            ring->frames[(start + j) % RING_FRAMES] = tick_f[s->frame_start + j];
         }
         ring->f_head += d;
         sample_rec *dst = &ring->samples[ring->s_head % RING_SAMPLES];
@@ -770,49 +892,356 @@ ring_commit(int ns, int nf_total)
     }
 }
 
-/* One sample of every thread. Under tick_mu. Never calls the C API. */
+/* What identifies the top of a thread's stack in its thread state: the top
+ * frame itself (3.13), or the C frame holding it. */
+static inline uintptr_t
+top_key(const PyThreadState *ts)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    return (uintptr_t)ts->current_frame;
+#else
+    return (uintptr_t)ts->cframe;
+#endif
+}
+
+/* The top frame pointer of the thread state copied in `ts` (0: none), and a
+ * copy of the top of its data stack into region_buf, in one system call.
+ * -1 if the top frame pointer could not be read; the region is left empty
+ * if it could not. */
+static int
+read_top_region(const PyThreadState *ts, uintptr_t *top)
+{
+    struct iovec local[2], remote[2];
+    int k = 0;
+    size_t need = 0;
+    region_lo = region_hi = 0;
+    region_ptr = region_buf;
+#if PY_VERSION_HEX >= 0x030D0000
+    *top = (uintptr_t)ts->current_frame;
+    if (*top == 0) {
+        return 0;
+    }
+#else
+    uintptr_t cframe = (uintptr_t)ts->cframe;
+    *top = 0;
+    if (cframe == 0) {
+        return 0;
+    }
+    local[0].iov_base = top;
+    local[0].iov_len = sizeof(*top);
+    remote[0].iov_base = (void *)(cframe + offsetof(_PyCFrame, current_frame));
+    remote[0].iov_len = sizeof(*top);
+    k = 1;
+    need = sizeof(*top);
+#endif
+    uintptr_t chunk = (uintptr_t)ts->datastack_chunk, ds_top = (uintptr_t)ts->datastack_top, lo = 0;
+    if (chunk != 0 && ds_top > chunk + offsetof(_PyStackChunk, data)) {
+        lo = chunk + offsetof(_PyStackChunk, data);
+        if (ds_top - lo > REGION_MAX) {
+            lo = (ds_top - REGION_MAX) & ~(uintptr_t)(sizeof(void *) - 1);
+        }
+        local[k].iov_base = region_buf;
+        local[k].iov_len = ds_top - lo;
+        remote[k].iov_base = (void *)lo;
+        remote[k].iov_len = ds_top - lo;
+        k++;
+    }
+    if (k == 0) {
+        return 0;
+    }
+    ssize_t got = process_vm_readv(self_pid, local, (unsigned long)k, remote, (unsigned long)k, 0);
+    if (got < 0 || (size_t)got < need) {
+        return -1;
+    }
+    if (lo != 0 && (size_t)got == need + (ds_top - lo)) {
+        region_lo = lo;
+        region_hi = ds_top;
+    }
+    return 0;
+}
+
+/* A tick's view of one thread, between its phases. */
+typedef struct {
+    uintptr_t addr;
+    PyThreadState ts;
+    tid_slot *slot;
+    uint64_t cpu0;
+    int have_cpu0;
+    int top_ok;            /* top read by the batch */
+    uintptr_t top;
+    uintptr_t cframe_again;   /* before 3.13: the C frame pointer, read again by the batch */
+    uintptr_t region_lo, region_hi;   /* the batch's copy, at region_off in region_pool */
+    size_t region_off;
+    int extra_at;          /* its frames in extra_pool, EXTRA_FRAMES from there */
+    uint8_t extra_ok[EXTRA_FRAMES];
+} tick_thread;
+
+static tick_thread tick_threads[MAX_THREADS];   /* under tick_mu */
+/* The thread states' addresses in list order at the last tick: all read
+ * again in one system call, and the list taken as is if it still links them
+ * in that order (each `next`, and the head). */
+static uintptr_t list_cache[MAX_THREADS];
+static int n_list_cache;
+/* The batch's copies of the data stacks' tops, REGION_MAX at most each;
+ * threads beyond it read theirs on their own. */
+#define REGION_POOL (512 * 1024)
+static unsigned char region_pool[REGION_POOL] __attribute__((aligned(16)));
+static _PyInterpreterFrame extra_pool[MAX_THREADS * EXTRA_FRAMES];   /* only their heads are read */
+/* iovecs per process_vm_readv (the kernel's UIO_MAXIOV) */
+#define IOV_BATCH 1024
+
+/* Read the thread states into tick_threads, in list order; returns how many
+ * (the prefix read before a failure, counted in *bad), -1 if the list's head
+ * could not be read. */
+static int
+read_threads(int *bad)
+{
+    static struct iovec local[IOV_BATCH], remote[IOV_BATCH];
+    uintptr_t head_at = S->interp + offsetof(PyInterpreterState, threads.head);
+    uintptr_t head;
+    int n = n_list_cache;
+    if (n > 0 && n + 1 <= IOV_BATCH) {
+        local[0].iov_base = &head;
+        local[0].iov_len = sizeof(head);
+        remote[0].iov_base = (void *)head_at;
+        remote[0].iov_len = sizeof(head);
+        for (int i = 0; i < n; i++) {
+            local[i + 1].iov_base = &tick_threads[i].ts;
+            local[i + 1].iov_len = sizeof(PyThreadState);
+            remote[i + 1].iov_base = (void *)list_cache[i];
+            remote[i + 1].iov_len = sizeof(PyThreadState);
+        }
+        ssize_t got = process_vm_readv(self_pid, local, (unsigned long)(n + 1), remote, (unsigned long)(n + 1), 0);
+        int ok = got == (ssize_t)(sizeof(head) + (size_t)n * sizeof(PyThreadState)) && head == list_cache[0];
+        for (int i = 0; ok && i < n; i++) {
+            const PyThreadState *ts = &tick_threads[i].ts;
+            uintptr_t want = i + 1 < n ? list_cache[i + 1] : 0;
+            ok = (uintptr_t)ts->interp == S->interp && (uintptr_t)ts->next == want;
+            tick_threads[i].addr = list_cache[i];
+        }
+        if (ok) {
+            return n;
+        }
+    }
+    /* The list changed (or first time): one thread state after the other. */
+    if (safe_read_ptr(&head, head_at) < 0) {
+        return -1;
+    }
+    n = 0;
+    uintptr_t ts_addr = head;
+    while (ts_addr != 0) {
+        if (n >= MAX_THREADS) {
+            (*bad)++;
+            break;
+        }
+        PyThreadState *ts = &tick_threads[n].ts;
+        if ((ts_addr & (sizeof(void *) - 1)) != 0 || safe_read(ts, ts_addr, sizeof(*ts)) < 0) {
+            (*bad)++;
+            break;
+        }
+        if ((uintptr_t)ts->interp != S->interp) {
+            (*bad)++;     /* freed and reused under us: the rest of the list is not ours */
+            break;
+        }
+        tick_threads[n].addr = ts_addr;
+        list_cache[n] = ts_addr;
+        n++;
+        ts_addr = (uintptr_t)ts->next;
+    }
+    n_list_cache = ts_addr == 0 ? n : 0;   /* a list read whole is the guess for the next tick */
+    return n;
+}
+
+/* The top frame pointers (before 3.13) and data-stack tops of the threads
+ * `which[0..m)` in one system call. Those it does not reach read theirs on
+ * their own (top_ok 0). */
+static void
+read_tops_regions(const int *which, int m)
+{
+    static struct iovec local[IOV_BATCH], remote[IOV_BATCH];
+    static int owner[IOV_BATCH], kind[IOV_BATCH];   /* thread, 0: top 1: region 2: C frame */
+    size_t pool = 0;
+    int k = 0;
+    for (int j = 0; j < m; j++) {
+        tick_thread *t = &tick_threads[which[j]];
+        const PyThreadState *ts = &t->ts;
+        t->top_ok = 0;
+        t->region_lo = t->region_hi = 0;
+        if (k + 3 > IOV_BATCH) {
+            continue;
+        }
+        /* The top frame pointer read again here, after the GIL's state the
+         * walk's stillness is judged from (tick_once()): before 3.13 the C
+         * frame pointer too, which must be the thread state's copy's. */
+#if PY_VERSION_HEX >= 0x030D0000
+        local[k].iov_base = &t->top;
+        local[k].iov_len = sizeof(t->top);
+        remote[k].iov_base = (void *)(t->addr + offsetof(PyThreadState, current_frame));
+        remote[k].iov_len = sizeof(t->top);
+        owner[k] = which[j];
+        kind[k] = 0;
+        k++;
+#else
+        local[k].iov_base = &t->cframe_again;
+        local[k].iov_len = sizeof(t->cframe_again);
+        remote[k].iov_base = (void *)(t->addr + offsetof(PyThreadState, cframe));
+        remote[k].iov_len = sizeof(t->cframe_again);
+        owner[k] = which[j];
+        kind[k] = 2;
+        k++;
+        local[k].iov_base = &t->top;
+        local[k].iov_len = sizeof(t->top);
+        remote[k].iov_base = (void *)((uintptr_t)ts->cframe + offsetof(_PyCFrame, current_frame));
+        remote[k].iov_len = sizeof(t->top);
+        owner[k] = which[j];
+        kind[k] = 0;
+        k++;
+#endif
+        uintptr_t chunk = (uintptr_t)ts->datastack_chunk, ds_top = (uintptr_t)ts->datastack_top;
+        if (chunk != 0 && ds_top > chunk + offsetof(_PyStackChunk, data)) {
+            uintptr_t lo = chunk + offsetof(_PyStackChunk, data);
+            if (ds_top - lo > REGION_MAX) {
+                lo = (ds_top - REGION_MAX) & ~(uintptr_t)(sizeof(void *) - 1);
+            }
+            size_t len = ds_top - lo;
+            if (pool + len <= REGION_POOL) {
+                t->region_off = pool;
+                local[k].iov_base = region_pool + pool;
+                local[k].iov_len = len;
+                remote[k].iov_base = (void *)lo;
+                remote[k].iov_len = len;
+                owner[k] = which[j];
+                kind[k] = 1;
+                k++;
+                pool += (len + 15) & ~(size_t)15;
+                t->region_lo = lo;   /* hi set once read */
+            }
+        }
+    }
+    /* Last, as they may be gone (a thread's C stack unmapped): the frames
+     * each thread's last walk read on their own. */
+    for (int j = 0; j < m; j++) {
+        tick_thread *t = &tick_threads[which[j]];
+        t->extra_at = which[j] * EXTRA_FRAMES;
+        memset(t->extra_ok, 0, sizeof(t->extra_ok));
+        int ne = t->slot != NULL ? t->slot->n_extra : 0;
+        for (int e = 0; e < ne && k < IOV_BATCH; e++) {
+            local[k].iov_base = &extra_pool[t->extra_at + e];
+            local[k].iov_len = FRAME_HEAD_SIZE;
+            remote[k].iov_base = (void *)t->slot->extra[e];
+            remote[k].iov_len = FRAME_HEAD_SIZE;
+            owner[k] = which[j];
+            kind[k] = 3 + e;
+            k++;
+        }
+    }
+    if (k == 0) {
+        return;
+    }
+    ssize_t got = process_vm_readv(self_pid, local, (unsigned long)k, remote, (unsigned long)k, 0);
+    size_t left = got < 0 ? 0 : (size_t)got;
+    for (int i = 0; i < k; i++) {
+        tick_thread *t = &tick_threads[owner[i]];
+        int whole = left >= local[i].iov_len;
+        left = whole ? left - local[i].iov_len : 0;
+#if PY_VERSION_HEX < 0x030D0000
+        if (kind[i] == 2) {
+            t->top_ok = whole && t->cframe_again == (uintptr_t)t->ts.cframe ? 1 : -1;
+            continue;
+        }
+#endif
+        if (kind[i] >= 3) {
+            t->extra_ok[kind[i] - 3] = (uint8_t)whole;
+            continue;
+        }
+        if (kind[i] == 2) {
+            continue;
+        }
+        if (kind[i] == 0) {
+            t->top_ok = whole && t->top_ok >= 0;
+        }
+        else if (whole) {
+            t->region_hi = (uintptr_t)remote[i].iov_base + local[i].iov_len;
+        }
+        else {
+            t->region_lo = 0;
+        }
+    }
+}
+
+/* One sample of every thread. Under tick_mu. Never calls the C API.
+ *
+ * In phases, so that the reads of all threads go in few system calls: the
+ * thread states (one call, if the list is as it was), each thread's CPU
+ * clock, the top frames and data-stack tops of those to walk (one call),
+ * then each walk, checked as before.
+ *
+ * A thread whose CPU clock reads what it read just after its last walk (in
+ * the previous tick, a walk during which the clock did not move either) has
+ * not run a single instruction since: its frames are as they were, and it
+ * gets its last stack again without a walk. Its thread state must agree
+ * (same address, ident, data-stack top and top frame or C frame). */
 static void
 tick_once(void)
 {
     uint64_t t0 = now_ns(CLOCK_MONOTONIC);
     S->tick++;
     code_tick = t0;
+    if (tick_f == NULL || tick_f == scratch_f2) {
+        tick_f = S->scratch_f;
+        prev_f = scratch_f2;
+    }
+    else {
+        tick_f = scratch_f2;
+        prev_f = S->scratch_f;
+    }
     int ns = 0, nf = 0;
     const int fcap = (int)(sizeof(S->scratch_f) / sizeof(S->scratch_f[0]));
-    uintptr_t ts_addr;
-    if (safe_read_ptr(&ts_addr, S->interp + offsetof(PyInterpreterState, threads.head)) < 0) {
+    int nbad = 0;
+    uint64_t torn = 0, bad = 0, trunc = 0, lost = 0, reused = 0;
+    /* The GIL's state is read before the thread states: a walk is known
+     * still (see below) only if the thread ran no Python code from the
+     * moment its top frame pointer was read to the end of the walk. */
+    gil_view g_pre = {0, 0, 0};
+    int have_g_pre = gil_read(&g_pre) == 0;
+    int nthreads = read_threads(&nbad);
+    bad += (uint64_t)nbad;
+    if (nthreads < 0) {
         add(&S->unread, 1);
         return;
     }
-    int nthreads = 0;
-    uint64_t torn = 0, bad = 0, trunc = 0, lost = 0;
-    PyThreadState tsbuf;
-    while (ts_addr != 0) {
-        if (++nthreads > MAX_THREADS) {
-            bad++;
-            break;
+    static int to_walk[MAX_THREADS];
+    int n_walk = 0;
+    for (int i = 0; i < nthreads; i++) {
+        tick_thread *t = &tick_threads[i];
+        const PyThreadState *ts = &t->ts;
+        int32_t ntid = (int32_t)ts->native_thread_id;
+        t->slot = NULL;
+        t->have_cpu0 = 0;
+        if (ts->thread_id == S->skip || top_key(ts) == 0) {
+            continue;
         }
-        /* The GIL's state is read before the thread state: a walk is known
-         * still (see below) only if the thread ran no Python code from the
-         * moment its top frame pointer was read to the end of the walk. */
-        gil_view g_pre = {0, 0, 0};
-        int have_g_pre = gil_read(&g_pre) == 0;
-        if ((ts_addr & (sizeof(void *) - 1)) != 0 || safe_read(&tsbuf, ts_addr, sizeof(tsbuf)) < 0) {
-            bad++;
-            break;
-        }
-        const PyThreadState *ts = &tsbuf;
-        if ((uintptr_t)ts->interp != S->interp) {
-            bad++;     /* freed and reused under us: the rest of the list is not ours */
-            break;
-        }
-        uintptr_t next = (uintptr_t)ts->next;
+        t->slot = ntid > 0 ? tid_lookup(ntid, S->tick) : NULL;
+        t->have_cpu0 = ntid > 0 && thread_cpu_ns(ntid, &t->cpu0) == 0;
+        to_walk[n_walk++] = i;
+    }
+    /* The walks' stillness is judged from here (see read_tops_regions()). */
+    gil_view g_mid = {0, 0, 0};
+    int have_g_mid = gil_read(&g_mid) == 0;
+    if (n_walk > 0) {
+        read_tops_regions(to_walk, n_walk);
+    }
+    for (int j = 0; j < n_walk; j++) {
+        tick_thread *t = &tick_threads[to_walk[j]];
+        PyThreadState *ts = &t->ts;
+        uintptr_t ts_addr = t->addr;
         unsigned long ident = ts->thread_id;
         int32_t ntid = (int32_t)ts->native_thread_id;
-        uintptr_t top;
-        if (ident == S->skip || ns >= MAX_THREADS || top_frame(ts, &top) < 0 || top == 0) {
-            ts_addr = next;
-            continue;
+        tid_slot *slot = t->slot;
+        uint64_t cpu0 = t->cpu0, cpu1 = 0;
+        int have_cpu0 = t->have_cpu0;
+        if (ns >= MAX_THREADS) {
+            break;
         }
         int truncated = 0;
         int room = fcap - nf;
@@ -821,55 +1250,112 @@ tick_once(void)
         }
         if (room <= 0) {
             trunc++;
-            ts_addr = next;
             continue;
+        }
+        if (slot != NULL && have_cpu0 && slot->stack_tick != 0 && slot->stack_tick + 1 == S->tick
+            && slot->stack_cpu == cpu0 && slot->stack_ts == ts_addr && slot->stack_ident == ident
+            && slot->stack_dstop == (uintptr_t)ts->datastack_top && slot->stack_key == top_key(ts)
+            && (int)slot->stack_depth <= room
+            && !(have_g_pre && g_pre.last_holder == ts_addr && g_pre.switch_number != slot->stack_switch)) {
+            /* It did not run since its last walk: the same stack. */
+            int depth = slot->stack_depth;
+            memcpy(&tick_f[nf], &prev_f[slot->stack_start], (size_t)depth * sizeof(frame_rec));
+            int holds = have_g_pre && g_pre.locked && g_pre.last_holder == ts_addr;
+            uint8_t st = classify(slot, ntid, holds, cpu0, cpu0);
+            slot->stack_tick = S->tick;
+            slot->stack_start = (uint32_t)nf;
+            sample_rec *s = &S->scratch_s[ns++];
+            s->tick = S->tick;
+            s->frame_start = (uint64_t)nf;
+            s->ident = ident;
+            s->native_tid = ntid;
+            s->depth = (uint16_t)depth;
+            s->state = st;
+            s->truncated = slot->stack_trunc;
+            trunc += (uint64_t)slot->stack_trunc;
+            nf += depth;
+            add(&S->states[st], 1);
+            reused++;
+            continue;
+        }
+        if (slot != NULL) {
+            slot->stack_tick = 0;
         }
         /* A walk of a thread that runs may be torn (its frames changed under
          * us): it is dropped, and the thread walked again from its current
          * top, a few times, so that threads that run are not the ones whose
          * samples go missing. */
-        uint64_t cpu0 = 0;
-        int have_cpu0 = 0, have_g = 0, depth = -1, torn_now = 0;
+        int have_g = 0, depth = -1, torn_now = 0, skip = 0;
+        uintptr_t top = 0;
         gil_view g0 = {0, 0, 0}, g1 = {0, 0, 0};
         for (int attempt = 0; attempt < WALK_ATTEMPTS; attempt++) {
-            if (attempt == 0) {
-                g0 = g_pre;
-                have_g = have_g_pre;
+            int got_top;
+            if (attempt == 0 && t->top_ok > 0) {
+                g0 = g_mid;
+                have_g = have_g_mid;
             }
             else {
                 have_g = gil_read(&g0) == 0;
-                if (safe_read(&tsbuf, ts_addr, sizeof(tsbuf)) < 0 || (uintptr_t)ts->interp != S->interp
-                    || ts->thread_id != ident || top_frame(ts, &top) < 0 || top == 0) {
+                if (safe_read(ts, ts_addr, sizeof(*ts)) < 0 || (uintptr_t)ts->interp != S->interp
+                    || ts->thread_id != ident) {
                     depth = -1;
                     break;   /* it ended meanwhile */
                 }
+                have_cpu0 = ntid > 0 && thread_cpu_ns(ntid, &cpu0) == 0;
             }
-            have_cpu0 = ntid > 0 && thread_cpu_ns(ntid, &cpu0) == 0;
-            region_lo = region_hi = 0;
-            uintptr_t chunk = (uintptr_t)ts->datastack_chunk, ds_top = (uintptr_t)ts->datastack_top;
-            if (chunk != 0 && ds_top > chunk + offsetof(_PyStackChunk, data)) {
-                uintptr_t lo = chunk + offsetof(_PyStackChunk, data);
-                if (ds_top - lo > REGION_MAX) {
-                    lo = (ds_top - REGION_MAX) & ~(uintptr_t)(sizeof(void *) - 1);
+            if (attempt == 0 && t->top_ok > 0) {
+                top = t->top;
+                got_top = 0;
+                region_ptr = region_pool + t->region_off;
+                region_lo = t->region_lo;
+                region_hi = t->region_lo != 0 ? t->region_hi : 0;
+                if (region_hi == 0) {
+                    region_lo = 0;
                 }
-                if (safe_read(region_buf, lo, ds_top - lo) == 0) {
-                    region_lo = lo;
-                    region_hi = ds_top;
+                for (int e = 0; e < EXTRA_FRAMES; e++) {
+                    int have = slot != NULL && e < slot->n_extra && t->extra_ok[e];
+                    extra_addr[e] = have ? slot->extra[e] : 0;
+                    extra_copy[e] = have ? (const unsigned char *)&extra_pool[t->extra_at + e] : NULL;
                 }
             }
-            depth = walk(top, &S->scratch_f[nf], room, &truncated);
+            else {
+                got_top = read_top_region(ts, &top);
+            }
+            if (got_top < 0 || top == 0) {
+                region_lo = region_hi = 0;
+                if (attempt == 0) {
+                    skip = 1;   /* no frame (yet, or any more) */
+                }
+                depth = -1;
+                break;
+            }
+            n_missed = 0;
+            depth = walk(top, &tick_f[nf], room, &truncated);
             region_lo = region_hi = 0;
+            for (int e = 0; e < EXTRA_FRAMES; e++) {
+                extra_addr[e] = 0;
+                extra_copy[e] = NULL;
+            }
+            if (slot != NULL) {
+                /* for the next tick's batch */
+                slot->n_extra = (uint8_t)n_missed;
+                memcpy(slot->extra, missed, sizeof(missed));
+            }
             have_g = have_g && gil_read(&g1) == 0;
             /* Not the last holder, and no other thread took the GIL since: it
              * ran no Python code while we walked, so what we read is what it has. */
             int still = have_g && g0.last_holder != ts_addr && g1.last_holder == g0.last_holder
                         && g1.switch_number == g0.switch_number;
-            uintptr_t top2 = 0;
+#if PY_VERSION_HEX >= 0x030D0000
+            uintptr_t cframe = 0;
+#else
+            uintptr_t cframe = (uintptr_t)ts->cframe;
+#endif
             torn_now = 0;
             if (depth < 0) {
                 bad++;
             }
-            else if (!still && (verify(ts_addr) < 0 || reread_top(ts_addr, &top2) < 0 || top2 != top)) {
+            else if (!still && verify(ts_addr, top, cframe) < 0) {
                 torn++;
                 torn_now = 1;
             }
@@ -877,12 +1363,30 @@ tick_once(void)
                 break;
             }
         }
+        if (skip) {
+            continue;
+        }
         if (depth < 0 || torn_now) {
             lost++;
         }
         else if (depth > 0) {
             int holds = have_g && g1.locked && g1.last_holder == ts_addr;
-            uint8_t st = ntid > 0 ? classify(ntid, holds, have_cpu0, cpu0) : NST_UNKNOWN;
+            int have_cpu1 = have_cpu0 && thread_cpu_ns(ntid, &cpu1) == 0;
+            uint8_t st = have_cpu1 ? classify(slot, ntid, holds, cpu0, cpu1) : NST_UNKNOWN;
+            if (slot != NULL && have_cpu1 && have_g && cpu1 == cpu0 && st != NST_UNKNOWN) {
+                /* It did not run while we walked: this stack is what it has,
+                 * for as long as its clock stands still. */
+                slot->stack_tick = S->tick;
+                slot->stack_cpu = cpu1;
+                slot->stack_ts = ts_addr;
+                slot->stack_ident = ident;
+                slot->stack_dstop = (uintptr_t)ts->datastack_top;
+                slot->stack_key = top_key(ts);
+                slot->stack_switch = g1.switch_number;
+                slot->stack_start = (uint32_t)nf;
+                slot->stack_depth = (uint16_t)depth;
+                slot->stack_trunc = (uint8_t)truncated;
+            }
             sample_rec *s = &S->scratch_s[ns++];
             s->tick = S->tick;
             s->frame_start = (uint64_t)nf;
@@ -895,13 +1399,16 @@ tick_once(void)
             nf += depth;
             add(&S->states[st], 1);
         }
-        ts_addr = next;
     }
+    region_ptr = region_buf;
     code_tick = 0;
     ring_commit(ns, nf);
     add(&S->ticks, 1);
     add(&S->thread_samples, (uint64_t)ns);
     add(&S->frames, (uint64_t)nf);
+    if (reused) {
+        add(&S->reused, reused);
+    }
     if (torn) {
         add(&S->torn, torn);
     }
@@ -962,6 +1469,7 @@ static void *
 sampler_main(void *arg)
 {
     (void)arg;
+    uint64_t c0 = now_ns(CLOCK_THREAD_CPUTIME_ID);
     pthread_mutex_lock(&S->mu);
     uint64_t gen = S->gen;
     double next = (double)now_ns(CLOCK_MONOTONIC) * 1e-9 + (S->mean_s > 0 ? next_delay() : 0.0);
@@ -973,15 +1481,22 @@ sampler_main(void *arg)
             break;
         }
         double now = (double)now_ns(CLOCK_MONOTONIC) * 1e-9;
+        int due = rc == ETIMEDOUT && now >= wake && S->mean_s > 0;
         if (S->gen != gen) {
             gen = S->gen;
-            double fresh = now + (S->mean_s > 0 ? next_delay() : 0.0);
-            if (!(next > now && next < fresh)) {
-                next = fresh;
+            if (!due) {
+                double fresh = now + (S->mean_s > 0 ? next_delay() : 0.0);
+                if (!(next > now && next < fresh)) {
+                    next = fresh;
+                }
+                continue;
             }
-            continue;
+            /* due anyway: sample, the next delay is drawn with the new mean */
         }
-        if (rc != ETIMEDOUT || now < wake || S->mean_s <= 0) {
+        if (!due) {
+            if (S->starved && S->rate > 0 && S->tokens >= S->cost_s) {
+                next = now;   /* the agent gave it tokens: sample now */
+            }
             continue;
         }
         S->late_s += 0.05 * ((now - wake) - S->late_s);
@@ -998,19 +1513,23 @@ sampler_main(void *arg)
                 /* over budget until the bucket refills, or the agent sets new tokens */
                 double w = (S->cost_s - S->tokens) / S->rate;
                 next = now + (w < 3600.0 ? w : 3600.0);
+                S->starved = 1;
                 continue;
             }
         }
+        S->starved = 0;
         next = now + next_delay();
         pthread_mutex_unlock(&S->mu);
-        uint64_t c0 = now_ns(CLOCK_THREAD_CPUTIME_ID);
         pthread_mutex_lock(&S->tick_mu);
         tick_once();
         pthread_mutex_unlock(&S->tick_mu);
+        /* The tick's cost is the thread's CPU since the last tick's end: its
+         * wake-up included, and one clock read a tick. */
         uint64_t c1 = now_ns(CLOCK_THREAD_CPUTIME_ID);
         __atomic_store_n(&S->cpu_ns, c1, __ATOMIC_RELAXED);
         pthread_mutex_lock(&S->mu);
         double cost = (double)(c1 - c0) * 1e-9;
+        c0 = c1;
         S->cost_s += 0.1 * (cost - S->cost_s);
         if (S->rate > 0) {
             S->tokens -= cost;
@@ -1039,8 +1558,10 @@ after_fork_child(void)
     S->cv_ready = 0;
     S->running = 0;
     S->stop = 0;
+    S->starved = 0;
     S->wake_fd = -1;
     self_pid = getpid();
+    slots_close_all();   /* the parent's threads' files */
 }
 
 /* ------------------------------------------------------------------------
@@ -1123,6 +1644,7 @@ native_start(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     pthread_mutex_unlock(&S->tick_mu);
     pthread_mutex_lock(&S->mu);
     S->stop = 0;
+    S->starved = 0;
     S->mean_s = 0.0;
     S->spread = 0.25;
     S->rate = 0.0;
@@ -1194,15 +1716,21 @@ native_set(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         S->cap = cap;
         S->tokens = tokens < cap ? tokens : cap;
         S->tokens_at = (double)now_ns(CLOCK_MONOTONIC) * 1e-9;
-        if (S->cv_ready) {
-            pthread_cond_signal(&S->cv);   /* money may have come: look again */
+        /* Woken only if it waits for money and now has enough: the agent
+         * calls this at each of its wake-ups, and every wake-up of the
+         * sampler for nothing is CPU charged to the budget. */
+        if (S->cv_ready && S->starved && S->tokens >= S->cost_s) {
+            pthread_cond_signal(&S->cv);
         }
     }
     if (S->mean_s != mean || S->spread != spread) {
+        /* Woken only if the new mean may bring its next sample sooner (a
+         * longer one or a pause take effect at its next wake-up). */
+        int sooner = mean > 0 && (S->mean_s <= 0 || mean < S->mean_s);
         S->mean_s = mean;
         S->spread = spread;
         S->gen++;
-        if (S->cv_ready) {
+        if (S->cv_ready && sooner) {
             pthread_cond_signal(&S->cv);
         }
     }
@@ -1218,6 +1746,9 @@ native_stop(PyObject *module, PyObject *unused)
     (void)module;
     (void)unused;
     if (!S->running) {
+        pthread_mutex_lock(&S->tick_mu);
+        slots_close_all();   /* sample_once()'s files */
+        pthread_mutex_unlock(&S->tick_mu);
         Py_RETURN_NONE;
     }
     pthread_mutex_lock(&S->mu);
@@ -1229,6 +1760,9 @@ native_stop(PyObject *module, PyObject *unused)
     Py_END_ALLOW_THREADS
     S->running = 0;
     __atomic_store_n(&S->wake_fd, -1, __ATOMIC_RELEASE);
+    pthread_mutex_lock(&S->tick_mu);
+    slots_close_all();   /* a stopped sampler keeps no file open */
+    pthread_mutex_unlock(&S->tick_mu);
     Py_RETURN_NONE;
 }
 
@@ -1264,13 +1798,16 @@ typedef struct {
     PyObject *loc;     /* strong; NULL: empty; Py_None: invalid (dropped) */
 } memo_t;
 
+/* At most; a drain of few frames takes fewer (a power of two, at least
+ * twice its frames): clearing and freeing it is part of every drain. */
 #define MEMO_SLOTS 8192
+#define MEMO_MIN 64
 
 static inline size_t
 memo_hash(uintptr_t code, int32_t lasti)
 {
     uint64_t h = ((uint64_t)code >> 4) * 0x9E3779B97F4A7C15ULL ^ (uint64_t)(uint32_t)lasti * 0xC2B2AE3D27D4EB4FULL;
-    return (size_t)(h ^ (h >> 31)) % MEMO_SLOTS;
+    return (size_t)(h ^ (h >> 31));
 }
 
 static PyObject *
@@ -1300,27 +1837,99 @@ make_key(int32_t lasti_units, uintptr_t code)
 
 /* The location of a frame, new reference; Py_None (new ref) if the frame
  * fails validation; NULL with an exception on error. */
-static PyObject *
-resolve(PyObject *locs, PyObject *new_loc, const frame_rec *fr, uint64_t *invalid)
+/* The code objects of one drain: each address (with the check word seen at
+ * sample time) validated once, all in one system call, and held (a strong
+ * reference) until the drain ends. */
+typedef struct {
+    uintptr_t code;
+    uint32_t check;
+    int8_t state;          /* 0: empty, 1: alive (held), -1: not that code object */
+    Py_ssize_t size;
+} drain_code;
+
+static drain_code *
+drain_code_find(drain_code *t, size_t n, uintptr_t code, uint32_t check)
 {
+    size_t h = (size_t)(((uint64_t)code >> 4) * 0x9E3779B97F4A7C15ULL ^ check) & (n - 1);
+    for (size_t k = 0; k < n; k++) {
+        drain_code *d = &t[(h + k) & (n - 1)];
+        if (d->state == 0 || (d->code == code && d->check == check)) {
+            return d;
+        }
+    }
+    return NULL;
+}
+
+/* Fill `t` (n slots, a power of two > the distinct codes) from the frames,
+ * then validate them: is the code object seen at sample time still there,
+ * alive? Asked even of an address the tables know (they keep that object
+ * alive): the one seen may have died before the tables took another one at
+ * its address. A live one is held at once, with no Python code run since
+ * its read. */
+static void
+drain_codes(drain_code *t, size_t n, const frame_rec *ff, uint64_t nf)
+{
+    static struct iovec local[IOV_BATCH], remote[IOV_BATCH];
+    static PyCodeObject heads[IOV_BATCH];   /* only the first CODE_HEAD_SIZE bytes are read */
+    static drain_code *which[IOV_BATCH];
+    for (uint64_t i = 0; i < nf; i++) {
+        drain_code *d = drain_code_find(t, n, ff[i].code, ff[i].check);
+        if (d != NULL && d->state == 0) {
+            d->code = ff[i].code;
+            d->check = ff[i].check;
+            d->state = 2;   /* to read */
+        }
+    }
+    size_t i = 0;
+    while (i < n) {
+        int k = 0;
+        for (; i < n && k < IOV_BATCH; i++) {
+            if (t[i].state != 2) {
+                continue;
+            }
+            local[k].iov_base = &heads[k];
+            local[k].iov_len = CODE_HEAD_SIZE;
+            remote[k].iov_base = (void *)t[i].code;
+            remote[k].iov_len = CODE_HEAD_SIZE;
+            which[k] = &t[i];
+            k++;
+        }
+        if (k == 0) {
+            break;
+        }
+        ssize_t got = process_vm_readv(self_pid, local, (unsigned long)k, remote, (unsigned long)k, 0);
+        size_t left = got < 0 ? 0 : (size_t)got;
+        for (int j = 0; j < k; j++) {
+            drain_code *d = which[j];
+            const PyCodeObject *c = &heads[j];
+            int whole = left >= CODE_HEAD_SIZE;
+            left = whole ? left - CODE_HEAD_SIZE : 0;
+            if (!whole && safe_read(&heads[j], d->code, CODE_HEAD_SIZE) < 0) {
+                d->state = -1;   /* after the batch's failure, each on its own */
+                continue;
+            }
+            if (Py_TYPE((PyObject *)c) != &PyCode_Type || !plausible_refcnt(Py_REFCNT((PyObject *)c))
+                || code_check(c) != d->check) {
+                d->state = -1;
+                continue;
+            }
+            d->size = Py_SIZE((PyObject *)c);
+            Py_INCREF((PyObject *)d->code);
+            d->state = 1;
+        }
+    }
+}
+
+static PyObject *
+resolve(PyObject *locs, PyObject *new_loc, const frame_rec *fr, const drain_code *dc, uint64_t *invalid)
+{
+    if (dc == NULL || dc->state != 1 || fr->lasti >= dc->size) {
+        (*invalid)++;
+        Py_RETURN_NONE;
+    }
     PyObject *key = make_key(fr->lasti, fr->code);
     if (key == NULL) {
         return NULL;
-    }
-    /* Is the code object seen at sample time still there, alive? Asked even
-     * of an address the tables know (they keep that object alive): the one
-     * seen may have died before the tables took another one at its address. */
-    PyCodeObject cbuf;   /* only the first CODE_HEAD_SIZE bytes are read */
-    const PyCodeObject *c = &cbuf;
-    if (safe_read(&cbuf, fr->code, CODE_HEAD_SIZE) < 0
-        || Py_TYPE((PyObject *)c) != &PyCode_Type
-        || !plausible_refcnt(Py_REFCNT((PyObject *)c))
-        || code_check(c) != fr->check
-        || fr->lasti >= Py_SIZE((PyObject *)c))
-    {
-        Py_DECREF(key);
-        (*invalid)++;
-        Py_RETURN_NONE;
     }
     PyObject *loc = PyDict_GetItemWithError(locs, key);   /* borrowed */
     if (loc != NULL) {
@@ -1331,8 +1940,7 @@ resolve(PyObject *locs, PyObject *new_loc, const frame_rec *fr, uint64_t *invali
         Py_DECREF(key);
         return NULL;
     }
-    /* We hold the GIL and run no Python code until it has a reference of
-     * ours: it cannot be freed in between. */
+    /* drain_codes() holds it: it cannot be freed in between. */
     PyObject *code = Py_NewRef((PyObject *)fr->code);
     int lasti_b = fr->lasti < 0 ? -1 : fr->lasti * (int)sizeof(_Py_CODEUNIT);
     int line = PyCode_Addr2Line((PyCodeObject *)code, lasti_b < 0 ? 0 : lasti_b);
@@ -1397,12 +2005,26 @@ native_drain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     S->woken = 0;
     pthread_mutex_unlock(&ring->mu);
 
-    memo_t *memo = PyMem_Calloc(MEMO_SLOTS, sizeof(memo_t));
-    if (memo == NULL && nf) {
+    size_t memo_slots = MEMO_MIN;
+    while (memo_slots < MEMO_SLOTS && memo_slots < 2 * nf) {
+        memo_slots *= 2;
+    }
+    memo_t *memo = PyMem_Calloc(memo_slots, sizeof(memo_t));
+
+    /* distinct codes fit (or the rest of them is dropped as invalid) */
+    size_t code_slots = 16;
+    while (code_slots < 2 * nf && code_slots < ((size_t)1 << 17)) {
+        code_slots *= 2;
+    }
+    drain_code *codes = PyMem_Calloc(code_slots, sizeof(drain_code));
+    if ((memo == NULL && nf) || codes == NULL) {
+        PyMem_Free(memo);
+        PyMem_Free(codes);
         PyMem_RawFree(ss);
         PyMem_RawFree(ff);
         return PyErr_NoMemory();
     }
+    drain_codes(codes, code_slots, ff, nf);
     uint64_t invalid = 0, dropped = 0, instants = 0, last_tick = 0;
     Py_ssize_t on_cpu = 0;
     PyObject *result = NULL;
@@ -1441,9 +2063,9 @@ native_drain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             size_t h = memo_hash(fr->code, fr->lasti);
             PyObject *loc = NULL;
             for (size_t k = 0; k < 8; k++) {
-                memo_t *m = &memo[(h + k) % MEMO_SLOTS];
+                memo_t *m = &memo[(h + k) & (memo_slots - 1)];
                 if (m->loc == NULL) {
-                    loc = resolve(locs, new_loc, fr, &invalid);
+                    loc = resolve(locs, new_loc, fr, drain_code_find(codes, code_slots, fr->code, fr->check), &invalid);
                     if (loc == NULL) {
                         Py_DECREF(stack);
                         goto done;
@@ -1460,7 +2082,7 @@ native_drain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                 }
             }
             if (loc == NULL) {   /* memo neighbourhood full */
-                loc = resolve(locs, new_loc, fr, &invalid);
+                loc = resolve(locs, new_loc, fr, drain_code_find(codes, code_slots, fr->code, fr->check), &invalid);
                 if (loc == NULL) {
                     Py_DECREF(stack);
                     goto done;
@@ -1499,11 +2121,17 @@ native_drain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     result = PyLong_FromUnsignedLongLong(instants);
 done:
     if (memo != NULL) {
-        for (size_t i = 0; i < MEMO_SLOTS; i++) {
+        for (size_t i = 0; i < memo_slots; i++) {
             Py_XDECREF(memo[i].loc);
         }
         PyMem_Free(memo);
     }
+    for (size_t i = 0; i < code_slots; i++) {
+        if (codes[i].state == 1) {
+            Py_DECREF((PyObject *)codes[i].code);
+        }
+    }
+    PyMem_Free(codes);
     PyMem_RawFree(ss);
     PyMem_RawFree(ff);
     __atomic_fetch_add(&drain_invalid, invalid, __ATOMIC_RELAXED);
@@ -1566,12 +2194,13 @@ native_stats(PyObject *module, PyObject *unused)
     }
 #define LD(x) (unsigned long long)__atomic_load_n(&(x), __ATOMIC_RELAXED)
     return Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsNsdsdsdsdsi}",
+        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsNsdsdsdsdsi}",
         "ticks", LD(S->ticks), "thread_samples", LD(S->thread_samples), "frames", LD(S->frames),
         "torn", LD(S->torn), "bad", LD(S->bad), "overflow", LD(S->overflow),
         "truncated", LD(S->truncated), "unread", LD(S->unread),
         "invalid", LD(drain_invalid), "dropped", LD(drain_dropped),
-        "drawn", LD(S->drawn), "lost", LD(S->lost), "queued", (unsigned long long)queued, "queued_ticks", (unsigned long long)queued_ticks,
+        "drawn", LD(S->drawn), "lost", LD(S->lost), "reused", LD(S->reused),
+        "code_hits", LD(S->code_hits), "code_misses", LD(S->code_misses), "queued", (unsigned long long)queued, "queued_ticks", (unsigned long long)queued_ticks,
         "states", states, "sampler_cpu_s", cpu_s, "tick_s", (double)LD(S->tick_ns) * 1e-9,
         "late_s", late_s, "cost_s", cost_s, "running", S->running);
 #undef LD

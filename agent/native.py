@@ -84,6 +84,8 @@ class NativeTicker:
         #: (epoch, state) -> the location of a state frame in that epoch
         self._state_locs: dict[tuple[int, str], int] = {}
         self._last_counters: dict[str, int] = {}
+        #: the statistics ticker_stats() read last, for counters()
+        self._stats: dict[str, Any] | None = None
 
     def ticker_start(self, skip_ident: int, wake_fd: int) -> None:
         _native.start(skip_ident, wake_fd)
@@ -99,6 +101,7 @@ class NativeTicker:
     def ticker_stats(self) -> dict[str, Any]:
         """The ticker's statistics, as far as they mean something here (nothing runs in the app's threads)."""
         s = _native.stats()
+        self._stats = s
         queued = s["queued_ticks"]
         if s["queued"] >= _native.RING_SAMPLES // 4:
             # Many threads: the ring fills in fewer instants than the agent waits for.
@@ -116,8 +119,13 @@ class NativeTicker:
         }
 
     def counters(self) -> dict[str, int]:
-        """Reads dropped since the last call, by why (for the report's ``dropped``)."""
-        s = _native.stats()
+        """Reads dropped since the last call, by why (for the report's ``dropped``).
+
+        From the statistics ticker_stats() just read, if it did (the agent
+        asks for both at each look at the sampler): one stats() a look.
+        """
+        s = self._stats if self._stats is not None else _native.stats()
+        self._stats = None
         now = {
             "native_lost": s["lost"],  # thread samples given up (every walk torn or failing a check)
             "native_torn": s["torn"],

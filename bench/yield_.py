@@ -17,6 +17,13 @@ agent's own ledger.
 DYPER_SAMPLER=native (or gil) picks the sampler (see agent/native.py); the
 result says which ran, its thread's CPU per sample and what sampling took
 from the application's threads per sample.
+
+    python bench/yield_.py --native-at 1,20 [--seconds 5]
+
+runs the native sampler's thread alone (no agent, no planner) on the same
+load at fixed mean delays (ms), and prints its CPU per sampling instant,
+the share of thread samples that reused a still thread's last stack, the
+code-object cache's hit rate and the drains' CPU per instant.
 """
 
 from __future__ import annotations
@@ -45,8 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--depth", type=int, default=30)
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
+    ap.add_argument("--native-at", default="", help="ms,ms,...: the native sampler alone at these mean delays")
     args = ap.parse_args(argv)
     budget = parse_budget(args.budget)
+    if args.native_at:
+        return native_alone([float(ms) / 1e3 for ms in args.native_at.split(",")], args)
 
     stop = threading.Event()
     threads = [
@@ -108,6 +118,55 @@ def main(argv: list[str] | None = None) -> int:
             f"yield: {result['samples_per_s_per_1pct']:.0f} stack samples/s per 1% of budget, "
             f"everything charged (target >= {YIELD_TARGET}: {verdict})"
         )
+    return 0
+
+
+def native_alone(means_s: list[float], args: argparse.Namespace) -> int:
+    from dyper.agent import native
+    from dyper.agent.tables import Tables
+
+    nat = native._native
+    if nat is None:
+        print(f"no native sampler: {native.IMPORT_ERROR}")
+        return 1
+    stop = threading.Event()
+    threads = [
+        threading.Thread(target=worker, args=(args.depth, stop, 2000, 0.0), daemon=True) for _ in range(args.threads)
+    ]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    tables = Tables()
+    ticker = native.NativeTicker(tables, 512)
+    nat.start(threading.get_ident())
+    try:
+        for mean in means_s:
+            nat.set(mean, 0.25)
+            time.sleep(0.5)
+            s0, drain_s = nat.stats(), 0.0
+            end = time.monotonic() + args.seconds
+            while time.monotonic() < end:
+                time.sleep(0.05)
+                c0 = time.thread_time()
+                ticker.ticker_drain({}, tables.locs, tables.new_loc)
+                drain_s += time.thread_time() - c0
+            s1 = nat.stats()
+            d = {
+                k: s1.get(k, 0) - s0.get(k, 0)
+                for k in ("ticks", "thread_samples", "reused", "code_hits", "code_misses")
+            }
+            ticks = max(1, d["ticks"])
+            cpu_us = 1e6 * (s1["sampler_cpu_s"] - s0["sampler_cpu_s"]) / ticks
+            looked = max(1, d["code_hits"] + d["code_misses"])
+            print(
+                f"CPython {platform.python_version()}, {args.threads} threads {args.depth} deep, native sampler alone "
+                f"at {1e3 * mean:g} ms: {ticks / args.seconds:.0f} instants/s, {cpu_us:.0f} us CPU per instant, "
+                f"{d['reused'] / max(1, d['thread_samples']):.0%} of thread samples reused, "
+                f"code cache {d['code_hits'] / looked:.1%} hits, drain {1e6 * drain_s / ticks:.0f} us per instant"
+            )
+    finally:
+        nat.stop()
+        stop.set()
     return 0
 
 

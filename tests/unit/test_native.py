@@ -130,6 +130,51 @@ def test_frames_are_the_ones_the_program_has() -> None:
             t.join()
 
 
+def _stat_files() -> list[str]:
+    """The /proc/.../task/TID/stat files this process has open."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if "/task/" in target and target.endswith("/stat"):
+            out.append(target)
+    return out
+
+
+def test_a_thread_that_did_not_run_gets_its_last_stack_again() -> None:
+    done = threading.Event()
+    ready = threading.Barrier(4)
+    threads = [threading.Thread(target=_nest, args=(d, ready, done)) for d in (0, 5, 60)]
+    for t in threads:
+        t.start()
+    try:
+        ready.wait()
+        time.sleep(0.05)  # all of them inside Event.wait: their CPU clocks stand still
+        r = Run()
+        before = native.stats()["reused"]
+        for _ in range(4):
+            native.sample_once(threading.get_ident())
+        r.drain()
+        reused = native.stats()["reused"] - before
+        mine = {t.ident for t in threads}
+        stacks = {tid: stack for (tid, _state, stack) in r.raw if tid in mine}
+        assert len(stacks) == 3  # one stack each: the walked one and the reused ones are the same
+        for (tid, state, _stack), n in r.raw.items():
+            if tid in mine:
+                assert native.STATES[state] == "sleep"
+                assert n == 4
+        # each of the three walked once, then reused (a spurious wake-up may cost one more walk)
+        assert reused >= 3
+        native.stop()  # not running: closes what sample_once() kept open
+        assert _stat_files() == []
+    finally:
+        done.set()
+        for t in threads:
+            t.join()
+
+
 def test_line_numbers_and_keys_match_the_tables_convention() -> None:
     done = threading.Event()
     ready = threading.Barrier(2)
@@ -298,7 +343,8 @@ def test_stress_threads_and_recursion_at_the_highest_rate(run: Run) -> None:
     for t in workers:
         t.start()
     try:
-        sample_for(run, 3.0, mean_s=1e-6)  # clamped to the highest rate
+        # clamped to the highest rate; DYPER_STRESS_S=60 for the measurements' long run
+        sample_for(run, float(os.environ.get("DYPER_STRESS_S", "3")), mean_s=1e-6)
     finally:
         stop.set()
         for t in workers:
@@ -332,6 +378,9 @@ def test_stress_threads_and_recursion_at_the_highest_rate(run: Run) -> None:
             assert j == len(names) or names[j] in ("_churn", "run"), names
         n += count
     assert n > 0
+    if "DYPER_STRESS_S" in os.environ:  # the long run of docs/measurements.md: say what it read
+        keys = ("ticks", "thread_samples", "frames", "reused", "torn", "bad", "lost", "invalid", "dropped")
+        print({k: after[k] - before[k] for k in keys})
     dropped = sum(after[k] - before[k] for k in ("torn", "bad", "overflow", "invalid", "dropped"))
     assert dropped >= 0  # counted, never reported as frames
 
@@ -346,6 +395,7 @@ def test_stop_start_and_counters() -> None:
     assert s["running"] == 1
     native.stop()
     native.stop()  # idempotent
+    assert _stat_files() == []  # the kept-open /proc files are closed with it
     s2 = native.stats()
     assert s2["running"] == 0
     assert s2["sampler_cpu_s"] >= 0
