@@ -111,11 +111,17 @@ def test_at_a_tenth_of_a_percent_the_first_report_comes_within_seconds_and_carri
         end = time.monotonic() + 30
         while time.monotonic() < end and a.guard.tokens(a.clock()) < 0:
             sum(i * i for i in range(1000))
-        # The plan samples every few hundred ms (before wake-ups went to the
-        # reports' cost it said every 2 s). It is the measured cost of a sample
-        # over the sampling share: 0.1 to 0.44 s at a load average of 4 here,
-        # about 2 s at 15, where a sample itself costs ten times more.
-        assert a.sample_delay_s < 1.2, (a.sample_delay_s, a.sample_cost_s)
+        # The plan's delay between samples is the measured cost of one sample over
+        # sampling's share of the budget (90% of FRACT(0) * 0.1%), and nothing else:
+        # before wake-ups went to the reports' cost it was stretched to every 2 s.
+        # (A few hundred ms on an idle machine; a loaded one makes each sample dearer:
+        # 2 s at a load average of 15, and the 5-s cap once, with another test
+        # pinning a busy process beside it.)
+        # (3x: the plan in force was made at the last report, with the cost measured then.)
+        assert a.sample_delay_s <= min(5.0, 3.0 * a.sample_cost_s / (0.9 * 0.001)) + 0.01, (
+            a.sample_delay_s,
+            a.sample_cost_s,
+        )
         taken, spent0 = a.samples_taken, sum(a.guard.spent_by.values())
         end = time.monotonic() + 5
         while time.monotonic() < end:
