@@ -71,8 +71,9 @@ def test_an_install_adds_only_the_dyper_import_name(site: Path) -> None:
     assert {p.name for p in (site / "bin").iterdir()} <= {"dyper"}
     assert {p.name for p in (site / "dyper").iterdir()} >= {"__init__.py", "agent", "monitor", "proflets"}
     # What importlib.metadata says the distributions on that path provide.
+    # (importlib.metadata's own lazy imports, email on 3.13, are made before sys.path is narrowed.)
     code = (
-        "import importlib.metadata, json, sys; sys.path[:] = [sys.argv[1]]; "
+        "import importlib.metadata, importlib.metadata._adapters, json, sys; sys.path[:] = [sys.argv[1]]; "
         "print(json.dumps(importlib.metadata.packages_distributions()))"
     )
     provided = json.loads(python("-S", "-c", code, str(site), cwd=site.parent).stdout)
