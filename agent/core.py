@@ -154,18 +154,17 @@ BURST_TICK_S: Final = 0.02
 BURST_TICK_MAX_S: Final = 0.25
 #: ... and while requests wait for money, this often to start what has become affordable.
 DETAIL_TICK_S: Final = 0.1
-#: Proflets whose collectors run by default: cpu detailing and tasks. The
-#: others are named (DYPER_PROFLETS=cpu,threads,timing, ``proflets=(...)``,
-#: or "all" for every registered one, :mod:`proflets`): with threads and
-#: timing on by default, short runs at low budgets sampled too little in CI,
-#: which is not yet understood. cpu detailing is selective on 3.12+
-#: (sys.monitoring) and on 3.11 with the C extension (a frame evaluation
-#: hook: a C call per Python call). On 3.11 without it, cpu can only detail
-#: through yappi, which puts every thread on the eval loop's slow path (a burst
-#: halves a busy process's speed): there it runs only when named. The tasks
-#: proflet (asyncio) runs everywhere: without asyncio it looks once every 2 s,
-#: for nothing else.
-DEFAULT_PROFLETS: Final = ("cpu", "tasks")
+#: Proflets whose collectors run by default: every built-in one (the
+#: registry's, :data:`dyper.proflets.BUILTINS`; a test holds them equal), the
+#: scheduler choosing within the budget which details when. Installed
+#: third-party proflets run when named or with "all". Two run only when named
+#: where they would cost the application more than their findings are worth
+#: to a user who did not ask (each says so in the report): cpu detailing on
+#: 3.11 without the C extension (yappi puts every thread on the eval loop's
+#: slow path: a burst halves a busy process's speed) and memory_stacks on 3.11
+#: (allocation traced with its stack slows allocation-heavy code about twice
+#: as much as on 3.12+).
+DEFAULT_PROFLETS: Final = ("cpu", "threads", "timing", "heap", "io", "memory", "memory_stacks", "tasks")
 #: Marks (agent.mark, pause, resume, reset, boost) kept for the next report; older ones are dropped and counted.
 MAX_PENDING_MARKS: Final = 256
 #: While paused, reports (which tell the monitor the agent is alive and paused) go at most this often.
@@ -794,6 +793,10 @@ class Agent:
             if now >= next_replan or (self._monitor_plan is not None and now >= self._monitor_plan_until):
                 self._replan()
                 next_replan = now + REPLAN_S
+                # With the ticker, samples come in at reports, seconds apart:
+                # a thread that started and ended between two would never be
+                # seen alive by the collectors that note the threads' names.
+                self._after_samples(0)
             if self.ticker:
                 # Early on, drain every now and then: the plan waits for
                 # measured costs. Backing off, since each wake-up has its price.
@@ -1093,7 +1096,7 @@ class Agent:
             sample = max(sample, float(theirs.get("sample_delay_s", sample)))
             report = max(report, float(theirs.get("report_delay_s", report)))
             if self._monitor_requests:
-                self.scheduler.set_delays({}, now)
+                self.scheduler.hand_over()
             else:
                 # Until its first request our own bursts go on, at the slower
                 # of the two delays and only for the proflets it details at
@@ -1554,7 +1557,7 @@ class Agent:
         self.scheduler.finished(name, self.clock())
         if name in self._again:
             self._again.discard(name)
-            self.scheduler.queue.request(name)
+            self.scheduler.queue.request(name, self.clock())
         self.bursts_total += 1
         result.update({"proflet": name, "t": time.time(), "fixed_s": fixed, "slowdown_s": slowdown})
         self._details_done.append(result)
@@ -2138,9 +2141,14 @@ class Agent:
             if theirs is not None and self._made_for(_their_timings(theirs), running_at):
                 # A plan for another budget (one sent before a change) would hold us to that budget's delays.
                 self._monitor_plan = _their_timings(theirs)
-                ttl = max(MONITOR_PLAN_TTL_S, MONITOR_PLAN_TTL_REPORTS * self.report_delay_s)
-                self._monitor_plan_until = self.clock() + ttl
+                now = self.clock()
+                self._monitor_plan_until = now + max(MONITOR_PLAN_TTL_S, MONITOR_PLAN_TTL_REPORTS * self.report_delay_s)
                 self._replan()
+                # Its plan may space our reports further apart than ours did
+                # (6 s instead of 3 at 1%): held to the old interval, it lapsed
+                # before the next report could bring the next plan, and every
+                # few seconds the two schedules took turns.
+                self._monitor_plan_until = now + max(MONITOR_PLAN_TTL_S, MONITOR_PLAN_TTL_REPORTS * self.report_delay_s)
         elif msg_type == protocol.DETAIL:
             name = body["proflet"]
             # Only while the monitor's plan holds: on our own we keep our own schedule.
@@ -2148,14 +2156,14 @@ class Agent:
                 if not self._monitor_requests:
                     # From now on the monitor says when.
                     self._monitor_requests = True
-                    self.scheduler.set_delays({}, self.clock())
+                    self.scheduler.hand_over()
                 if name in self._bursts:
                     # The monitor takes a burst as done at its planned length;
                     # this one runs later than it thinks (it waited for the
                     # guard): the request is for the next one, not this one.
                     self._again.add(name)
                 else:
-                    self.scheduler.queue.request(name)
+                    self.scheduler.queue.request(name, self.clock(), first=bool(body.get("first")))
                 self._detail_at = -math.inf  # look at once
         return False
 

@@ -10,7 +10,7 @@ them ``COLLECTOR`` in its ``collector`` module (all the target imports) and
 A collector has four hooks, all optional no-ops; the agent calls only those
 a collector overrides, so an unused hook costs nothing:
 
-* :meth:`Collector.sampled`: after each batch of stack samples is recorded;
+* :meth:`Collector.sampled`: after each batch of stack samples is recorded (and each second);
 * :meth:`Collector.poll`: a pass of the collector's own sampling, at the
   pace it asks for (the asyncio task sampler: the stack samples come from
   the C ticker in batches, too late for a loop's state);
@@ -97,7 +97,12 @@ class Collector:
     POLL_IN_DEBT: ClassVar[bool] = False
 
     def sampled(self, n: int, counts: Mapping[tuple[int, tuple[int, ...]], int]) -> None:
-        """``n`` more samples were added to the window's ``counts``. Charged as sampling: keep it cheap."""
+        """``n`` more samples were added to the window's ``counts``. Charged as sampling: keep it cheap.
+
+        Also called about once a second with ``n`` = 0 (the ticker's samples
+        come in batches seconds apart), so a hook that notes the live threads
+        sees those that start and end between two batches.
+        """
 
     def poll(self, now: float, budget: float, wake_s: float) -> float:
         """One pass of the collector's own sampling; returns the seconds until the next pass.

@@ -264,6 +264,8 @@ class Detail(TypedDict):
     """``detail``: run one detailing burst of a proflet."""
 
     proflet: str
+    #: an analysis asked for it ahead of the plan (Analyzer.wants_detail, the search): it goes to the queue's head
+    first: NotRequired[bool | None]
 
 
 class Detach(TypedDict):
@@ -805,7 +807,7 @@ _SCHEMAS: dict[str, _Fields] = {
             "reset": _is_bool,
         },
     ),
-    DETAIL: _Fields({"proflet": _is_str}),
+    DETAIL: _Fields({"proflet": _is_str}, {"first": _is_bool}),
     DETACH: _Fields({}),
     RESYNC: _Fields({}),
     CTL: _Fields({"id": _is_int, "op": _is_str}, {"args": _is_map}),

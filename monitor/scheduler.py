@@ -64,6 +64,8 @@ class AgentSchedule:
     lost: int = 0
     #: extra requests from the bottleneck search (detailing where it needs it), served first
     asked: list[str] = field(default_factory=list)
+    #: asked requests not yet sent: their detail messages say so
+    _first: set[str] = field(default_factory=set)
 
     def ask(self, proflet: str) -> None:
         """Ask for one burst of ``proflet`` as soon as the queue allows (e.g. for the diagnosis)."""
@@ -94,7 +96,8 @@ class AgentSchedule:
             self.scheduler.queue.allows = {n: self.scheduler.queue.allows.get(n, frozenset()) for n in self.costs}
         for name in self.asked:
             if name in self.costs:
-                self.scheduler.queue.request(name)
+                self.scheduler.queue.request(name, now, first=True)
+                self._first.add(name)
         self.asked.clear()
 
         out: list[Message] = [(protocol.CONFIGURE, {"plan": self.timings()})]
@@ -126,7 +129,12 @@ class AgentSchedule:
             self.ends[name] = now + itvl_s
             self.pending[name] = now + itvl_s + BURST_TIMEOUT_S
             self.requests += 1
-            out.append((protocol.DETAIL, {"proflet": name}))
+            if name in self._first:
+                # the agent's queue serves it first too, ahead of a dear burst waiting for money
+                self._first.discard(name)
+                out.append((protocol.DETAIL, {"proflet": name, "first": True}))
+            else:
+                out.append((protocol.DETAIL, {"proflet": name}))
         return out
 
     def timings(self) -> dict[str, Any]:

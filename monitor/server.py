@@ -401,6 +401,12 @@ class Monitor:
             except Exception:  # a broken analyzer keeps its collector's own priority
                 return None
 
+        for name, analyzer in session.analyzers.items():
+            try:
+                if analyzer.wants_detail(time.time()):
+                    schedule.ask(name)
+            except Exception:  # a broken analyzer asks for nothing
+                pass
         out = schedule.on_report(body, time.monotonic(), priorities)
         return [(ident, protocol.encode(msg_type, msg)) for msg_type, msg in out]
 

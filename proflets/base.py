@@ -346,6 +346,16 @@ class Analyzer:
         """PRTY for the scheduler (0-1), or None to keep the collector's own."""
         return None
 
+    def wants_detail(self, now: float) -> bool:
+        """Whether the analysis asks for a burst now, ahead of the plan (``now``: wall-clock time).
+
+        For a hypothesis being tested that only another measurement settles
+        (a type whose count keeps rising: a leak or not?). The monitor queues
+        it as the bottleneck search's requests are; the agent's guard pays for
+        it like any other, so it is taken from the budget, never added to it.
+        """
+        return False
+
     def results(self, start: float | None = None, end: float | None = None) -> dict[str, Any]:
         """The proflet's section of ``dyper report``: the window of reports ending in (start, end], default all."""
         return {}

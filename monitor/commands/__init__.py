@@ -230,14 +230,14 @@ def glue_leading_dash(words: list[str]) -> list[str]:
 
 def add_proflets_argument(parser: argparse.ArgumentParser, what: str = "the proflets to run") -> None:
     """``--proflets LIST``, the one way ``run``, ``attach`` and ``monitor`` choose proflets (see chosen_proflets)."""
-    from dyper.proflets import SELECTION_HELP
+    from dyper.proflets import BUILTINS, SELECTION_HELP
 
     parser.add_argument(
         "--proflets",
         metavar="LIST",
         type=proflets_arg,
-        help=f"{what}: {SELECTION_HELP} (default $DYPER_PROFLETS, which takes the same; else the default set, "
-        "cpu and tasks)",
+        help=f"{what}: {SELECTION_HELP} (default $DYPER_PROFLETS, which takes the same; else the default set: "
+        f"every built-in proflet, {', '.join(BUILTINS)}, the budget choosing which details when)",
     )
 
 

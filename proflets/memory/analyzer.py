@@ -151,6 +151,11 @@ class _Report:
 #: What a GC finding rests on at least: seconds observed and collections counted.
 FINDING_MIN_S = 5.0
 FINDING_MIN_COLLECTIONS = 20
+#: An allocation site is a finding when it has this share of the bytes the
+#: bursts traced (still alive at their ends) ...
+SITE_FINDING_PCT = 20.0
+#: ... at this rate at least: a quiet process's top site is not news.
+SITE_FINDING_BYTES_PER_S = 100_000.0
 
 
 class MemoryAnalyzer(Analyzer):
@@ -364,6 +369,13 @@ class MemoryAnalyzer(Analyzer):
                     f"{100.0 * v[3] / self.pause_s:.0f}% of it is triggered in {function} "
                     f"({os.path.basename(file)}:{line})"
                 )
+        for row in self.allocations.rows(self.seconds, limit=2):
+            if row["bytes_pct"] >= SITE_FINDING_PCT and row["bytes_per_s"] >= SITE_FINDING_BYTES_PER_S:
+                out.append(
+                    f"allocation site {row['function']} ({os.path.basename(row['file'])}:{row['line']}) "
+                    f"allocates {_rate(row['bytes_per_s'])}, {row['bytes_pct']:.0f}% of the bytes traced "
+                    f"in {self.allocations.bursts} burst{'s' if self.allocations.bursts != 1 else ''}"
+                )
         if self.rss_first and self.rss_last and self.rss_last > 1.25 * self.rss_first + (20 << 20):
             out.append(
                 f"resident memory grew from {self.rss_first / 2**20:.0f} MB to {self.rss_last / 2**20:.0f} MB "
@@ -408,6 +420,13 @@ def _add_sites(into: dict[GcSite, list[float]], sites: Mapping[GcSite, list[floa
         total = into.setdefault(site, [0.0, 0.0, 0.0, 0.0])
         for i in range(4):
             total[i] += v[i]
+
+
+def _rate(bytes_per_s: float) -> str:
+    for unit, size in (("MB/s", 1e6), ("kB/s", 1e3)):
+        if bytes_per_s >= size:
+            return f"{bytes_per_s / size:.1f} {unit}"
+    return f"{bytes_per_s:.0f} B/s"
 
 
 ANALYZER = MemoryAnalyzer

@@ -19,6 +19,10 @@ _RUN, _CPU, _SECONDS = 0, len(KINDS), len(KINDS) + 1
 #: a report's rows as kept: thread idents, their samples by kind (flat), their CPU seconds
 #: (None: all 0), the window's length and sampling passes, and who blocked whom (None: nobody)
 _Row = tuple[tuple[int, ...], "array[Any]", "array[float] | None", float, int, "dict[int, int] | None"]
+#: A thread asleep this much of the time is named among the sleepers ...
+SLEEP_FINDING_PCT = 50.0
+#: ... and the finding names this many of them.
+SLEEPERS_NAMED = 5
 
 
 def learn_names(names: dict[int, str], report: ReportView) -> None:
@@ -225,6 +229,14 @@ class ThreadsAnalyzer(Analyzer):
                 out.append(f"thread {r['name']} is blocked on a lock {r['block_pct']:.0f}% of the time{by}")
             if (r["gil_pct"] or 0.0) >= 20:
                 out.append(f"thread {r['name']} is ready to run but not running {r['gil_pct']:.0f}% of the time (GIL)")
+        # Idle threads in one line: true, and worth knowing (a pool that never
+        # works), but not one finding each.
+        sleepers = [r for r in self.table() if r["samples"] >= 20 and r["sleep_pct"] >= SLEEP_FINDING_PCT]
+        if sleepers:
+            names = ", ".join(f"{r['name']} ({r['sleep_pct']:.0f}%)" for r in sleepers[:SLEEPERS_NAMED])
+            more = f" and {len(sleepers) - SLEEPERS_NAMED} more" if len(sleepers) > SLEEPERS_NAMED else ""
+            plural = "s" if len(sleepers) > 1 else ""
+            out.append(f"sleeping most of the time (time.sleep): thread{plural} {names}{more}")
         return out
 
     def state(self) -> dict[str, Any]:

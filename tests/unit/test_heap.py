@@ -16,7 +16,7 @@ from rich.console import Console
 
 from dyper.agent.proflet import DetailContext
 from dyper.proflets.base import ReportView
-from dyper.proflets.heap.analyzer import LEAK_CENSUSES, TABLE_ROWS, HeapAnalyzer, growth
+from dyper.proflets.heap.analyzer import FOLLOW_S, LEAK_CENSUSES, TABLE_ROWS, HeapAnalyzer, growth
 from dyper.proflets.heap.collector import MAX_PAUSE_MS, HeapCollector, max_pause_ms, type_name
 from dyper.proflets.heap.render import terminal as heap_terminal
 
@@ -226,12 +226,35 @@ def test_priority_follows_memory_growth() -> None:
     def report(t: float, rss: int) -> ReportView:
         return ReportView(t=t, window_s=1.0, samples=100, data={"rss": rss})
 
+    # before its first censuses a heap asks for them: nothing is known yet
+    assert analyzer.priority() == 1.0 and analyzer.wants_detail(1000.0)
+    for t in (1000.0, 1010.0):
+        analyzer.merge_detail({"at": t, "types": [["myapp.Row", 500, 50_000]]})  # steady: no leak in the making
+    assert not analyzer.wants_detail(1020.0)
     for i in range(10):
         analyzer.merge(report(float(i), 100_000_000))
     flat = analyzer.priority() or 0.0
     for i in range(10, 20):
         analyzer.merge(report(float(i), 100_000_000 + 2_000_000 * (i - 9)))
     assert flat == pytest.approx(0.2) and (analyzer.priority() or 0.0) > 0.9
+
+
+def test_a_type_at_a_new_high_is_followed_by_a_census_every_few_seconds_until_the_verdict() -> None:
+    analyzer = HeapAnalyzer()
+    t = 1000.0
+    for i in range(LEAK_CENSUSES + 1):
+        analyzer.merge_detail({"at": t, "types": [["myapp.Session", 1000 + 200 * i, 64_000]]})
+        if i == 0:
+            t += FOLLOW_S
+            continue
+        # on a run of new highs: the most the analysis may want, and the next census soon
+        assert analyzer.priority() == 1.0 or i == LEAK_CENSUSES
+        assert analyzer.wants_detail(t + FOLLOW_S) != (i == LEAK_CENSUSES)
+        assert not analyzer.wants_detail(t + FOLLOW_S / 2)  # not more often than that
+        t += FOLLOW_S
+    # the verdict is in: no more asking, the plan's pace again
+    assert [r["type"] for r in analyzer.suspects()] == ["myapp.Session"]
+    assert not analyzer.wants_detail(t + 60.0)
 
 
 def test_the_real_collector_finds_a_leak_in_this_process() -> None:

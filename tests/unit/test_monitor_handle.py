@@ -72,7 +72,7 @@ def test_the_search_asks_for_detailing_through_ctl_and_the_agent_gets_a_request(
     assert reply[1]["result"] == {"asked": 1}
     # On the agent's next report the request leaves the queue as a detail message.
     replies = decode_all(m.handle(ID, protocol.encode(protocol.REPORT, dict(report, seq=1, strings=[], locs=[]))))
-    assert (protocol.DETAIL, {"proflet": "cpu"}) in replies
+    assert (protocol.DETAIL, {"proflet": "cpu", "first": True}) in replies
     # A proflet the agent does not run is not asked for.
     ask = {"id": 10, "op": "detail", "args": {"pid": 1, "proflet": "heap"}}
     (reply,) = decode_all(m.handle(b"cli", protocol.encode(protocol.CTL, ask)))

@@ -136,7 +136,8 @@ def test_the_search_can_ask_for_a_burst_now():
     s.on_report(_report({"cpu": _state()}), 0.0, lambda n: None)
     s.ask("cpu")
     out = s.on_report(_report({"cpu": _state()}), 0.5, lambda n: None)
-    assert (protocol.DETAIL, {"proflet": "cpu"}) in out
+    # said so, for the agent's queue to serve it first too
+    assert (protocol.DETAIL, {"proflet": "cpu", "first": True}) in out
 
 
 def test_between_reports_the_next_burst_is_requested_when_due():

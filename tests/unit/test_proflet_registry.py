@@ -38,10 +38,10 @@ def test_an_installed_proflet_is_found_by_its_entry_point(monkeypatch: pytest.Mo
 def test_the_builtins_are_the_entry_points_pyproject_registers() -> None:
     pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
     assert pyproject["project"]["entry-points"][proflets.GROUP] == proflets.BUILTINS
-    # and every default proflet of the agent is a built-in: starting one reads no metadata
+    # and the agent's default set is every built-in (all on by default), so starting reads no metadata
     from dyper.agent.core import DEFAULT_PROFLETS
 
-    assert set(DEFAULT_PROFLETS) <= set(proflets.BUILTINS)
+    assert DEFAULT_PROFLETS == tuple(proflets.BUILTINS)
 
 
 @pytest.fixture

@@ -91,7 +91,7 @@ def test_every_entry_point_takes_and_documents_it(command: str) -> None:
     assert " ".join(proflets.SELECTION_HELP.split()) in text
     assert "$DYPER_PROFLETS" in text
     # The default set the help names is the agent's (another step changes it: the help goes with it).
-    assert "the default set, " + " and ".join(DEFAULT_PROFLETS) in text
+    assert "the default set: every built-in proflet, " + ", ".join(DEFAULT_PROFLETS) in text
     args = ["1"] if command == "attach" else []
     assert parser.parse_args(glue_leading_dash([command, *args, "--proflets", "-heap"])).proflets == ("-heap",)
 
@@ -117,11 +117,11 @@ def test_all_names_every_proflet_so_memory_stacks_obeys_it() -> None:
             c.close()
 
 
-def test_the_default_set_is_unchanged() -> None:
+def test_the_default_set_is_every_builtin_proflet() -> None:
     off: dict[str, str] = {}
     collectors = _load_collectors(DEFAULT_PROFLETS, off)
     try:
-        assert set(collectors) | set(off) == {"cpu", "tasks"}
+        assert set(collectors) | set(off) == set(proflets.BUILTINS) == set(EVERY)
     finally:
         for c in collectors.values():
             c.close()

@@ -8,6 +8,8 @@ import pytest
 
 from dyper.agent.budget import ProfletCosts, cost, plan
 from dyper.agent.schedule import (
+    FIRST_DETAIL_S,
+    PATIENCE_S,
     BurstCost,
     DetailQueue,
     DetailScheduler,
@@ -81,13 +83,57 @@ def test_a_waiting_request_blocks_later_conflicting_ones_in_order():
     assert q.ready() == ["cpu"]
 
 
-def test_a_request_the_guard_cannot_pay_for_holds_the_queue_behind_it():
+def test_a_request_the_guard_cannot_pay_for_holds_the_queue_behind_it_once_its_patience_is_out():
     q = DetailQueue(ALLOWS)
-    q.request("threads")
-    q.request("cpu")
-    assert q.ready(affordable=lambda name: name != "threads") == []
+    q.request("threads", now=0.0)
+    q.request("cpu", now=0.0)
+    dear = lambda name: name != "threads"  # noqa: E731
+    # While it waits less than its patience, the cheap one behind it goes first,
+    # conflict or not (threads allows nothing beside it): a cheap burst ends
+    # long before a dear one's price accrues.
+    assert q.ready(affordable=dear, now=PATIENCE_S - 1) == ["cpu"]
+    assert q.waiting == ["threads"]
+    q.finish("cpu")
+    q.request("cpu", now=PATIENCE_S)
+    # Its patience out, it holds everything behind it until it can be paid for.
+    assert q.ready(affordable=dear, now=PATIENCE_S) == []
     assert q.waiting == ["threads", "cpu"]
-    assert q.ready() == ["threads"]
+    assert q.ready(now=PATIENCE_S + 1) == ["threads"]
+
+
+def test_a_request_an_analysis_asked_for_goes_to_the_head_of_the_queue():
+    q = DetailQueue({"heap": frozenset(), "memory": frozenset()})
+    q.request("memory", now=0.0)
+    q.request("heap", now=1.0, first=True)
+    assert q.waiting == ["heap", "memory"]
+    q.request("memory", now=2.0, first=True)  # one waiting moves up; still one request
+    assert q.waiting == ["memory", "heap"]
+    assert q.ready(now=3.0) == ["memory"]
+    q.request("memory", now=4.0, first=True)  # running: the same request
+    assert q.waiting == ["heap"]
+
+
+def test_handing_over_to_the_monitor_keeps_what_waits_and_runs():
+    s = DetailScheduler(DetailQueue(ALLOWS), rng=random.Random(2))
+    s.set_delays({"cpu": 1.0, "memory": 1.0, "threads": 1.0}, now=0.0)
+    s.tick(10.0, affordable=lambda name: name == "cpu")  # cpu runs, threads waits behind... a conflict
+    running, waiting = set(s.queue.running), list(s.queue.waiting)
+    assert running and waiting
+    s.hand_over()
+    assert s.due == {} and s.delays == {}
+    assert s.queue.running == running and s.queue.waiting == waiting  # never dropped
+    s.queue.finish("cpu")
+    s.finished("cpu", now=11.0)
+    assert "cpu" not in s.due  # the monitor says when the next one is
+
+
+def test_every_first_burst_comes_within_the_first_detail_cap_however_long_its_period():
+    firsts = []
+    for seed in range(100):
+        s = DetailScheduler(DetailQueue(ALLOWS), rng=random.Random(seed))
+        s.set_delays({"memory": 120.0}, now=0.0)
+        firsts.append(s.due["memory"])
+    assert max(firsts) <= FIRST_DETAIL_S and min(firsts) >= 0.1 * FIRST_DETAIL_S
 
 
 def test_duplicate_requests_are_one_request():
