@@ -41,7 +41,7 @@ def test_the_builtins_are_the_entry_points_pyproject_registers() -> None:
     # and the agent's default set is every built-in (all on by default), so starting reads no metadata
     from dyper.agent.core import DEFAULT_PROFLETS
 
-    assert DEFAULT_PROFLETS == tuple(proflets.BUILTINS)
+    assert tuple(proflets.BUILTINS) == DEFAULT_PROFLETS
 
 
 @pytest.fixture
