@@ -2819,6 +2819,46 @@ static PyType_Spec CallCounter_spec = {
 
 #define PROC_READ_MAX 65536
 
+PyDoc_STRVAR(thread_ids_doc,
+"thread_ids() -> [(ident, native_id), ...]\n\n"
+"Every Python thread of this interpreter: threading's ident and the kernel's thread id.\n"
+"Read from the thread states with the GIL held; threading knows only the threads it\n"
+"started, and when it is first imported off the main thread (dyper attach's injected\n"
+"thread) it takes that thread for the main one.");
+
+/* Copied into a C array before any Python object is made: making one may run a
+   collection and its finalizers, which may let the thread list change under us. */
+#define THREAD_IDS_MAX 4096
+
+static PyObject *
+fastsample_thread_ids(PyObject *module, PyObject *Py_UNUSED(unused))
+{
+    /* PyMem_Malloc runs no Python code (the list below may: it is made after). */
+    unsigned long *ids = PyMem_Malloc(2 * THREAD_IDS_MAX * sizeof(unsigned long));
+    if (ids == NULL) {
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t n = 0;
+    PyInterpreterState *interp = PyThreadState_GetInterpreter(PyThreadState_Get());
+    for (PyThreadState *ts = PyInterpreterState_ThreadHead(interp); ts != NULL && n < THREAD_IDS_MAX;
+         ts = PyThreadState_Next(ts)) {
+        ids[2 * n] = (unsigned long)ts->thread_id;
+        ids[2 * n + 1] = (unsigned long)ts->native_thread_id;
+        n++;
+    }
+    PyObject *out = PyList_New(n);
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        PyObject *pair = Py_BuildValue("(kk)", ids[2 * i], ids[2 * i + 1]);
+        if (pair == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, i, pair);
+    }
+    PyMem_Free(ids);
+    return out;
+}
+
 PyDoc_STRVAR(proc_read_doc,
 "proc_read(path, limit=4096, /) -> bytes\n\n"
 "Up to limit bytes of a /proc file, read without releasing the GIL.\n"
@@ -3020,6 +3060,7 @@ static PyMethodDef fastsample_methods[] = {
     {"sample", (PyCFunction)(void (*)(void))fastsample_sample, METH_FASTCALL, sample_doc},
 #ifdef __linux__
     {"proc_read", (PyCFunction)(void (*)(void))fastsample_proc_read, METH_FASTCALL, proc_read_doc},
+    {"thread_ids", fastsample_thread_ids, METH_NOARGS, thread_ids_doc},
 #endif
 #if HAVE_TICKER
     {"ticker_start", (PyCFunction)(void (*)(void))fastsample_ticker_start, METH_FASTCALL, ticker_start_doc},

@@ -37,7 +37,7 @@ from typing import Any, Final, NoReturn, ParamSpec, TypeVar
 
 import zmq
 
-from dyper.agent import protocol
+from dyper.agent import procfs, protocol
 from dyper.agent.budget import (
     MAX_DETAIL_DELAY_S,
     MAX_REPORT_DELAY_S,
@@ -157,13 +157,10 @@ DETAIL_TICK_S: Final = 0.1
 #: Proflets whose collectors run by default: every built-in one (the
 #: registry's, :data:`dyper.proflets.BUILTINS`; a test holds them equal), the
 #: scheduler choosing within the budget which details when. Installed
-#: third-party proflets run when named or with "all". Two run only when named
-#: where they would cost the application more than their findings are worth
-#: to a user who did not ask (each says so in the report): cpu detailing on
-#: 3.11 without the C extension (yappi puts every thread on the eval loop's
-#: slow path: a burst halves a busy process's speed) and memory_stacks on 3.11
-#: (allocation traced with its stack slows allocation-heavy code about twice
-#: as much as on 3.12+).
+#: third-party proflets run when named or with "all". One part runs only when
+#: named, saying so in the report: cpu detailing on 3.11 without the C
+#: extension, through yappi, which puts every thread on the eval loop's slow
+#: path (a burst halves a busy process's speed, whatever its length).
 DEFAULT_PROFLETS: Final = ("cpu", "threads", "timing", "heap", "io", "memory", "memory_stacks", "tasks")
 #: Marks (agent.mark, pause, resume, reset, boost) kept for the next report; older ones are dropped and counted.
 MAX_PENDING_MARKS: Final = 256
@@ -332,13 +329,14 @@ def _load_collectors(names: tuple[str | Collector, ...] | None, off: dict[str, s
 
     ``names`` may hold the entries ``--proflets`` takes (``all``, ``-heap``,
     ``+io``: :func:`proflets.select`); every proflet chosen so is named, so
-    those that run only when named (memory_stacks on 3.11) obey ``all``.
+    those that run only when named (cpu detailing through yappi on 3.11) obey ``all``.
     A proflet that cannot be loaded goes into ``off`` with the reason; the
     others still run.
     """
     from dyper import proflets  # lazy: the registry reads distribution metadata
 
-    explicit = names is not None
+    # Named: chosen by the user, not the default set (the agent's default argument).
+    explicit = names is not None and tuple(names) != DEFAULT_PROFLETS
     if names is not None:
         given = tuple(n for n in names if isinstance(n, Collector))
         names = (
@@ -1768,10 +1766,15 @@ class Agent:
 
     def _thread_names(self, tids: set[int]) -> list[list[int | str]]:
         active = threading._active  # type: ignore[attr-defined]  # read-only, no lock needed
+        main = procfs.main_ident()
         names: list[list[int | str]] = []
         for tid in tids:
             thread = active.get(tid)
-            names.append([tid, thread.name if thread is not None else f"thread-{tid}"])
+            if thread is not None:
+                names.append([tid, thread.name])
+            else:
+                # the main thread of a program that never imported threading (dyper attach)
+                names.append([tid, "MainThread" if tid == main else f"thread-{tid}"])
         return names
 
     def _our_threads(self) -> set[int | None]:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 from dyper.proflets.memory.collector import AllocationSites
 
 
@@ -22,14 +20,6 @@ class StacksCollector(AllocationSites):
     ITVL_MS = 500.0
     PRTY = 0.15
     NFRAME = 8
-
-    def unavailable(self) -> str | None:
-        if sys.version_info < (3, 12) and not self.explicit:
-            return (
-                "on Python 3.11 tracing allocations with their stack slows allocation-heavy code about twice as "
-                "much as on 3.12+: name it to turn it on (DYPER_PROFLETS=memory,memory_stacks)"
-            )
-        return super().unavailable()
 
 
 COLLECTOR = StacksCollector

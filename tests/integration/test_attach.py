@@ -86,6 +86,25 @@ def test_attach_gives_the_known_split_while_main_thread_sleeps(sleeping_main_tar
     assert not probe(target.pid, tmp_path)["agent_running"]  # detached at the end
 
 
+def test_attach_to_a_program_that_never_imported_threading_knows_its_main_thread(tmp_path):
+    # The injected thread imports threading, which takes it for the main thread:
+    # the real one was then unnamed, its CPU clock unread, and a single-threaded
+    # CPU-bound program was "ready to run but not running 100% of the time (GIL)".
+    target = start_target(str(TARGETS / "no_threading.py"))
+    try:
+        out = tmp_path / "prof.json"
+        dyper("attach", str(target.pid), "--duration", "6", "-o", str(out), check=True)
+        report = json.loads(dyper("report", str(out), "--json", check=True).stdout)
+    finally:
+        stop(target)
+    (main,) = report["proflets"]["threads"]["threads"]
+    assert main["name"] == "MainThread", main
+    assert main["run_pct"] > 80 and main["gil_pct"] is not None and main["gil_pct"] < 20, main
+    (clock,) = report["proflets"]["timing"]["threads"]
+    assert clock["name"] == "MainThread" and clock["cpu_s"] > 2.0, clock
+    assert not any("GIL" in f for f in report["findings"]), report["findings"]
+
+
 def test_detach_leaves_the_process_as_it_was_and_reattach_works(sleeping_main_target, tmp_path):
     target = sleeping_main_target
     before = probe(target.pid, tmp_path)

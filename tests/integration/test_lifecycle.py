@@ -213,9 +213,14 @@ def agent_proflets(monitor, pid: int) -> dict[str, object] | None:  # type: igno
     ("option", "env", "expected"),
     [
         # (tasks details nothing: the agent lists only the proflets that detail, and those switched off)
-        (["--proflets", "-cpu,+heap"], None, {"heap"}),  # the default set less cpu, plus heap
+        (
+            ["--proflets", "-cpu,-heap"],
+            None,
+            {"threads", "timing", "io", "memory", "memory_stacks"},
+        ),  # the default set less two
+        (["--proflets", "cpu,heap"], None, {"cpu", "heap"}),  # those only
         (["--proflets", "all,-heap"], None, {"cpu", "threads", "timing", "io", "memory", "memory_stacks"}),
-        ([], "+memory_stacks,-tasks", {"cpu", "memory_stacks"}),  # the environment form, through dyper run
+        ([], "-memory_stacks,-io", {"cpu", "threads", "timing", "heap", "memory"}),  # the environment form
     ],
 )
 def test_run_chooses_proflets(standing_monitor, tmp_path: Path, option, env, expected) -> None:  # type: ignore[no-untyped-def]

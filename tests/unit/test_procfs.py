@@ -110,3 +110,30 @@ def test_sched_counters_of_a_busy_thread_grow() -> None:
     on_cpu_ns, _, voluntary, involuntary = grown[t.ident or 0]
     assert on_cpu_ns > 10_000_000  # it ran for most of the 0.2 s (at least 10 ms of it)
     assert voluntary + involuntary > 0  # switched out at least once in 0.2 s
+
+
+def test_the_main_thread_is_the_one_whose_kernel_id_is_the_process_s() -> None:
+    assert procfs.main_ident() == threading.main_thread().ident
+    assert procfs.app_threads(0)[threading.main_thread().ident] == os.getpid()
+
+
+@pytest.mark.skipif(procfs._thread_ids is None, reason="the C extension is not built for this interpreter")
+def test_the_thread_states_give_every_python_thread_with_its_kernel_id() -> None:
+    ready, stop = threading.Event(), threading.Event()
+    seen: dict[str, int] = {}
+
+    def run() -> None:
+        seen["ident"], seen["native"] = threading.get_ident(), threading.get_native_id()
+        ready.set()
+        stop.wait()
+
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        ready.wait(5)
+        ids = dict(procfs._thread_ids())  # type: ignore[misc]
+        assert ids[threading.get_ident()] == threading.get_native_id()
+        assert ids[seen["ident"]] == seen["native"]
+    finally:
+        stop.set()
+        t.join()
