@@ -94,12 +94,6 @@ class AgentSchedule:
             self.replans += 1
             self.scheduler.set_delays(new.detail_delay_s, now)
             self.scheduler.queue.allows = {n: self.scheduler.queue.allows.get(n, frozenset()) for n in self.costs}
-        for name in self.asked:
-            if name in self.costs:
-                self.scheduler.queue.request(name, now, first=True)
-                self._first.add(name)
-        self.asked.clear()
-
         out: list[Message] = [(protocol.CONFIGURE, {"plan": self.timings()})]
         out += self.tick(now)
         return out
@@ -122,6 +116,11 @@ class AgentSchedule:
         out: list[Message] = []
         if self.plan is None:
             return out
+        for name in self.asked:
+            if name in self.costs:
+                self.scheduler.queue.request(name, now, first=True)
+                self._first.add(name)
+        self.asked.clear()
         for name in self.scheduler.tick(now):
             if name not in self.costs:
                 continue

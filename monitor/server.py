@@ -401,12 +401,7 @@ class Monitor:
             except Exception:  # a broken analyzer keeps its collector's own priority
                 return None
 
-        for name, analyzer in session.analyzers.items():
-            try:
-                if analyzer.wants_detail(time.time()):
-                    schedule.ask(name)
-            except Exception:  # a broken analyzer asks for nothing
-                pass
+        _asks(session, schedule)
         out = schedule.on_report(body, time.monotonic(), priorities)
         return [(ident, protocol.encode(msg_type, msg)) for msg_type, msg in out]
 
@@ -420,6 +415,7 @@ class Monitor:
             if ident is None or entry is None or not entry[1].connected:
                 continue
             try:
+                _asks(entry[0], schedule)
                 out = schedule.tick(now)
             except Exception as exc:  # a bug must cost one tick, not the monitor
                 self._event("internal_error", {"message": f"{type(exc).__name__}: {exc}"})
@@ -813,3 +809,14 @@ def _window_arg(args: dict[str, Any]) -> WindowSpec:
     if isinstance(seconds, int | float) and not isinstance(seconds, bool):
         return WindowSpec.last(float(seconds))
     return WindowSpec()
+
+
+def _asks(session: Session, schedule: AgentSchedule) -> None:
+    """The bursts the session's analyses ask for ahead of the plan (Analyzer.wants_detail), queued first."""
+    now = time.time()
+    for name, analyzer in session.analyzers.items():
+        try:
+            if analyzer.wants_detail(now):
+                schedule.ask(name)
+        except Exception:  # a broken analyzer asks for nothing
+            pass

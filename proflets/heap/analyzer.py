@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -76,6 +77,8 @@ class HeapAnalyzer(Analyzer):
         self.worst_scan_ms = 0.0
         #: the whole run's types as last judged (status, findings and priority ask often)
         self._judged: list[dict[str, Any]] | None = None
+        #: when a census was last asked for ahead of the plan (wants_detail), wall-clock time
+        self._asked_at = -math.inf
 
     def merge(self, report: ReportView) -> None:
         data = report.data
@@ -220,17 +223,22 @@ class HeapAnalyzer(Analyzer):
         # them, about a minute at 1%. By the plan alone censuses came 15 to
         # 30 s apart there (the dear proflets' TPRI outweighs a census), and a
         # leak took minutes to name. Asked for no more once a verdict is in.
-        if self.suspects():
+        if self.suspects() or self.skip_reason:
             return False
-        last = self.censuses[-1][0] if self.censuses else None
-        if last is None:
-            return self.skipped == 0
-        return self._building() and now - last >= FOLLOW_S
+        # A census asked for comes back with a report, seconds later: not asked again meanwhile.
+        last = max(self.censuses[-1][0] if self.censuses else -math.inf, self._asked_at)
+        if not (not self.censuses or self._building()) or now - last < FOLLOW_S:
+            return False
+        self._asked_at = now  # the monitor asks when told yes
+        return True
 
     def _building(self) -> bool:
         """Whether some type's count is at a new high, on a run that would make it a suspect if it went on."""
+        # Past LEAK_CENSUSES new highs with no verdict, it grew too little to be one: no more following.
         return any(
-            r["censuses_growing"] >= 2 and (r["growth_per_min"] or 0.0) > 0 and r["count"] >= LEAK_MIN_GROWTH
+            2 <= r["censuses_growing"] <= LEAK_CENSUSES
+            and (r["growth_per_min"] or 0.0) > 0
+            and r["count"] >= LEAK_MIN_GROWTH
             for r in self._whole_run()
         )
 
