@@ -253,6 +253,7 @@ def summary_view(profile: Profile, options: Options) -> dict[str, Any]:
             "samples": p.get("samples", 0),
             "budget": p.get("budget", 0.0),
             "overhead": p.get("overhead", 0.0),
+            "sampler": p.get("sampler"),
             "errors": [],
         },
         "samples_per_s": (p.get("samples", 0) / duration) if duration > 0 else 0.0,

@@ -48,3 +48,11 @@ def test_the_newest_report_says_which_sampler_runs() -> None:
         dict(make_report([(7, 3, [1, 0])]), sampler=gil), dict(make_report([(7, 3, [1, 0])], seq=1), sampler=NATIVE)
     )
     assert session.sampler() == NATIVE
+
+
+def test_dyper_run_s_closing_summary_names_the_sampler_from_the_profile() -> None:
+    from dyper.monitor.embedded import Options, summary_view
+
+    session = session_with(dict(make_report([(7, 3, [1, 0])]), sampler=NATIVE))
+    view = summary_view(build_profile(session), Options())
+    assert "sampler native" in _text(render_top(view))  # it said "sampler unknown" whatever ran
