@@ -14,7 +14,7 @@ Everything here runs in someone's production process, so:
   reports it to the monitor and, if it cannot go on, stops cleanly;
 * no proflet can stall it: a second daemon thread, ``dyper-watchdog``, gives
   up a sampler thread stuck in a collector hook, switches that proflet off
-  and starts a replacement sampler thread (see _watch).
+  and starts a replacement sampler thread (see agent.watchdog).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from types import FrameType
-from typing import Any, Final, NoReturn, ParamSpec, TypeVar
+from typing import Any, Final
 
 import zmq
 
@@ -51,8 +51,11 @@ from dyper.agent.budget import (
     cost,
     plan,
 )
+from dyper.agent.ledger import EWMA_ALPHA, Clock, Ledger, fresh_window
+from dyper.agent.ledger import cost_clock as _cost_clock
 from dyper.agent.lifeline import Lifeline
 from dyper.agent.native import NativeTicker, choose_sampler
+from dyper.agent.polls import Polls
 from dyper.agent.proflet import Collector, DetailContext, ReportContext
 from dyper.agent.schedule import (
     CALIBRATION_ALPHA,
@@ -65,6 +68,19 @@ from dyper.agent.schedule import (
 )
 from dyper.agent.tables import UNDECIDED, WAITS, Tables, forget_decoded
 from dyper.agent.triggers import CHECK_S, DEFAULT_RAISED_MAX, Fired, Ring, Triggers, TriggerSpec
+from dyper.agent.watchdog import (
+    HUNG_THREAD_NAME,
+    WATCHDOG_NAME,
+    Abandoned,
+    HookCall,
+    Watchdog,
+    interrupt,
+    name_os_thread,
+    thread_cpu_s,
+)
+from dyper.agent.watchdog import (
+    STOP_HANG_S as STOP_HANG_S,  # tests read it here, with the agent's other limits
+)
 
 _fast: Any
 try:  # the optional C walker (agent/_fastsample.c); the pure-Python one is the reference
@@ -105,10 +121,6 @@ REPLAN_S: Final = 1.0
 _EARLY_REPLANS: Final = frozenset({1, 2, 4, 8, 16, 32})
 #: Snapshots the ticker may queue before the loop drains them between reports.
 TICKER_DRAIN_AT: Final = 512
-#: The least time between two passes of a collector's own sampling (Collector.poll).
-MIN_POLL_S: Final = 0.001
-#: A first pass short of money tries again this much later at the soonest.
-FIRST_POLL_WAIT_S: Final = 0.1
 #: Until this many samples are in, the loop drains after TICKER_EARLY_DRAIN_S,
 #: then twice that, and so on, at most TICKER_EARLY_DRAINS times, and replans,
 #: so the first plan's high cost guess is soon replaced.
@@ -123,8 +135,6 @@ HELLO_RETRY_S: Final = 0.5
 #: unknown to the monitor for 0.5 to 1 s. Later retries ride on the loop's
 #: other wake-ups, so no monitor at all costs no extra wake-ups.
 HELLO_FIRST_RETRY_S: Final = 0.01
-#: Weight of a new measurement in the moving averages of costs.
-EWMA_ALPHA: Final = 0.05
 #: The monitor's timings hold this long after its last plan, or for this many
 #: report intervals if that is longer; past it the agent schedules on its own
 #: (the monitor answers every report with a plan, so only a monitor that is
@@ -173,116 +183,6 @@ PAUSED_REPORT_S: Final = 10.0
 #: Slots of the active-threads histogram (the last takes that many or more).
 ACTIVITY_SLOTS: Final = 65
 
-#: The hang watchdog (see _watch). A collector hook that has run longer than
-#: HANG_FACTOR times the slowest call its proflet has made so far (or its
-#: planned fixed cost, for a census that is slow by design), and at least
-#: HANG_MIN_S, is hung: the proflet is switched off and the sampler thread is
-#: given up and replaced. A second of wall time is far past any hook's normal
-#: cost (microseconds to a few hundred ms: a heap census is capped at 200 ms
-#: of CPU) yet short enough that the monitor sees only a brief gap.
-HANG_MIN_S: Final = 1.0
-HANG_FACTOR: Final = 10.0
-#: While the agent stops, a hook that has run this long is given up at once:
-#: stop() must not wait for it. Not less: a proflet's close() (tracemalloc off,
-#: its gc callback removed) took over 0.25 s on a loaded CI machine, and a
-#: close() given up leaves its hooks behind.
-STOP_HANG_S: Final = 1.0
-#: The watchdog looks once a report interval, within these bounds: its
-#: wake-up takes the GIL like the sampler's, so at low budgets it looks less
-#: often (its cost is charged as "watchdog") ...
-WATCH_MIN_S: Final = 1.0
-WATCH_MAX_S: Final = 10.0
-#: ... and while the agent stops, this often.
-WATCH_STOP_S: Final = 0.05
-WATCHDOG_NAME: Final = "dyper-watchdog"
-#: What a given-up sampler thread is renamed to (it shows in ``top -H`` until its hook returns).
-HUNG_THREAD_NAME: Final = "dyper-hung"
-
-Clock = Callable[[], float]
-
-#: What the agent's own work costs is read on the sampler thread's CPU clock.
-#: While it computes it holds the GIL, so its CPU time is what it takes from
-#: the application. Wall time would overcharge every operation longer than
-#: the switch interval: the application forces the GIL back, runs its slice,
-#: and that slice would be counted as ours. Bursts' slowdown of the
-#: application threads is measured by the proflets themselves.
-_cost_clock: Callable[[], float] = time.thread_time
-
-
-_P = ParamSpec("_P")
-_T = TypeVar("_T")
-
-
-class _Abandoned(BaseException):
-    """Raised in a sampler thread the watchdog has given up on, to end it quietly.
-
-    A BaseException, so that a collector's ``except Exception`` does not keep
-    a spinning hook going; nothing outside the agent's own threads sees it.
-    """
-
-
-class _HookCall:
-    """One collector hook call in progress, as the watchdog sees it."""
-
-    __slots__ = ("_token", "cpu0", "hook", "interrupted", "limit_s", "name", "settled", "start")
-
-    def __init__(self, name: str, hook: str, start: float, cpu0: float, limit_s: float) -> None:
-        self.name = name
-        self.hook = hook
-        self.start = start
-        #: the calling thread's CPU clock at the start (what a spinning hook cost is charged from)
-        self.cpu0 = cpu0
-        self.limit_s = limit_s
-        #: set by the watchdog once it has given the thread up: interrupted, or not
-        self.settled = False
-        self.interrupted = False
-        self._token = [True]
-
-    def claim(self) -> bool:
-        """True for exactly one caller: the sampler thread as the hook returns, or the watchdog giving up on it.
-
-        list.pop is one atomic step, so the two can race without a lock (a
-        lock would be worse: the interruption could arrive while it is held).
-        """
-        try:
-            self._token.pop()
-        except IndexError:
-            return False
-        return True
-
-
-#: PyThreadState_SetAsyncExc and the NULL that withdraws a pending exception, once needed
-_async_exc: tuple[Any, Any] | None = None
-
-
-def _interrupt(ident: int, exc: type[BaseException] | None) -> bool:
-    """Raise ``exc`` in thread ``ident`` at its next bytecode (None: withdraw it); False if not possible.
-
-    The only way to stop a hook spinning in Python code. A thread blocked in
-    C (a sleep, a lock) gets it only if the call ever returns.
-    """
-    global _async_exc
-    try:
-        if _async_exc is None:
-            import ctypes  # only on a hang: not free to import
-
-            # A private prototype: setting argtypes on ctypes.pythonapi's own
-            # would change it for the application too.
-            prototype = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.py_object)
-            _async_exc = (prototype(("PyThreadState_SetAsyncExc", ctypes.pythonapi)), ctypes.py_object())
-        set_async_exc, null = _async_exc
-        return bool(set_async_exc(ident, exc if exc is not None else null) == 1)
-    except Exception:  # no ctypes here (a minimal build): the hook is left to run
-        return False
-
-
-def _thread_cpu_s(ident: int) -> float:
-    """CPU seconds of another thread of this process (its CPU clock, as time.thread_time reads its own)."""
-    try:
-        return time.clock_gettime(time.pthread_getcpuclockid(ident))
-    except (OSError, AttributeError):
-        return 0.0
-
 
 def _process_start_time() -> float:
     """Creation time of this process in seconds since the epoch (Linux /proc)."""
@@ -304,12 +204,6 @@ def _argv() -> list[str]:
         return [p.decode(errors="replace") for p in parts if p]
     except OSError:
         return list(sys.argv)
-
-
-def _name_os_thread(name: str) -> None:
-    """Give the current thread an OS-level name, visible in ``top -H`` and ``ps -T``."""
-    with contextlib.suppress(OSError), open(f"/proc/self/task/{threading.get_native_id()}/comm", "w") as f:
-        f.write(name[:15])
 
 
 class _Burst:
@@ -430,23 +324,30 @@ class Agent:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._ident = 0
+        # The hang watchdog (agent.watchdog). The sampler's state, its socket
+        # included, belongs to the thread whose id is in _ident: _give_up
+        # sets it to 0 when it gives a thread up, the replacement to its own.
+        self.watchdog = Watchdog(
+            stopping=self._stopping,
+            stopped=self._stopped,
+            errors=self.errors,
+            planned_s=self._planned_s,
+            period_s=lambda: self.report_delay_s,
+            handoff_s=lambda: self._handoff_s,
+            give_up=self._give_up,
+        )
+        self._call = self.watchdog.call
         self.sample_cost_s = INITIAL_SAMPLE_COST_S
         self.sample_lag_s = 0.0
         #: the loop's own GIL-held time per wake-up, beyond the operations it runs
-        self.wake_cost_s = 0.0
         self.report_cost_s = INITIAL_REPORT_COST_S
         now = clock()
-        self.guard = Guard(budget, now)
+        self.ledger = Ledger(Guard(budget, now), clock)
+        self.guard = self.ledger.guard
         self.plan: Plan = plan(budget, self.sample_cost_s, self.report_cost_s)
         self._window_start = now
-        self._window_costs = {"sample": 0.0, "report": 0.0, "detail": 0.0, "wake": 0.0}
-        #: sampler-thread time charged so far in this wake-up (see _loop)
-        self._accounted_s = 0.0
         self._bye_reason = "stop"
         self._hello_sent = False
-        #: the costliest single operation so far: how far the ledger can be
-        #: over the budget at any instant (see Guard.wait_needed)
-        self.max_op_s = 0.0
         self._samples_total = 0
         self._hello: protocol.Hello | None = None
         # Proflets. Collectors are built on the sampler thread, at start.
@@ -457,13 +358,8 @@ class Agent:
         self._paths: dict[str, str] = {}
         #: those whose sampled / report hooks are overridden (only those are called)
         self._on_sampled: list[Collector] = []
-        #: collectors with their own sampling passes (Collector.poll), and when each is due
-        self._on_poll: list[Collector] = []
-        self._next_poll: dict[str, float] = {}
-        self._poll_cost_s: dict[str, float] = {}
-        #: what each collector's passes spend per second, measured: taken off the budget that sampling is planned with
-        self._poll_rate: dict[str, float] = {}
-        self._poll_delay: dict[str, float] = {}
+        #: collectors with their own sampling passes (Collector.poll)
+        self.polls = Polls(self.ledger, self._call, self._switch_off, self._replan)
         self._on_report: list[Collector] = []
         #: active threads per sample, cumulative (see ReportContext.activity); None: nobody asked
         self._activity: list[int] | None = None
@@ -521,18 +417,6 @@ class Agent:
         self._report_wakes_s = 0.0
         #: expected GIL hand-off cost of one wake-up of the agent's thread
         self._handoff_s = 0.0
-        # The hang watchdog (see _watch). The sampler's state, its socket
-        # included, belongs to the thread whose id is in _ident: the watchdog
-        # sets it to 0 when it gives a thread up, the replacement to its own.
-        self._watchdog: threading.Thread | None = None
-        self._watch_poke = threading.Event()
-        #: the collector hook running on the sampler thread, if any
-        self._hook_call: _HookCall | None = None
-        #: per proflet: its slowest hook call so far, wall seconds
-        self._hook_slowest: dict[str, float] = {}
-        #: the watchdog's own cost (written only by it) and how much of it the sampler has charged
-        self._watch_spent_s = 0.0
-        self._watch_charged_s = 0.0
         self._sock: zmq.Socket[Any] | None = None
         self._collectors_started = False
         self._closing = False
@@ -568,8 +452,17 @@ class Agent:
         self._thread.start()
         if watched:
             # Only collectors' hooks can hang the sampler: without them, no watchdog.
-            self._watchdog = threading.Thread(target=self._watch, name=WATCHDOG_NAME, daemon=True)
-            self._watchdog.start()
+            self.watchdog.start()
+
+    @property
+    def max_op_s(self) -> float:
+        """The costliest single operation so far (see Ledger.max_op_s)."""
+        return self.ledger.max_op_s
+
+    @property
+    def wake_cost_s(self) -> float:
+        """The loop's own GIL-held time per wake-up, beyond the operations it runs."""
+        return self.ledger.wake_cost_s
 
     @property
     def alive(self) -> bool:
@@ -586,7 +479,7 @@ class Agent:
         self._bye_reason = reason
         self._stopping.set()
         self._wake()
-        self._watch_poke.set()
+        self.watchdog.poke.set()
         me = threading.get_ident()
         # Neither Thread.join() nor threading.current_thread(): both register a
         # _DummyThread for a foreign caller (the attach bootstrap's thread),
@@ -595,7 +488,7 @@ class Agent:
             deadline = time.monotonic() + timeout
             self._stopped.wait(timeout)
             # Read after the wait: a replacement may have taken over meanwhile.
-            for thread in (self._thread, self._watchdog):
+            for thread in (self._thread, self.watchdog.thread):
                 while thread is not None and thread.ident != me and thread.is_alive() and time.monotonic() < deadline:
                     time.sleep(0.001)
 
@@ -649,7 +542,7 @@ class Agent:
 
     def _run(self) -> None:
         self._ident = threading.get_ident()
-        _name_os_thread(THREAD_NAME)
+        name_os_thread(THREAD_NAME)
         ctx: zmq.Context[Any] | None = None
         sock: zmq.Socket[Any] | None = None
         try:
@@ -680,11 +573,11 @@ class Agent:
             sock.connect(self.endpoint)
             self._loop(sock)
         except BaseException as exc:  # never let anything reach the application
-            if self._owns():  # else the watchdog gave this thread up (_Abandoned): leave quietly
+            if self._owns():  # else the watchdog gave this thread up (Abandoned): leave quietly
                 self._failed(sock, exc)
         finally:
             if self._owns():
-                with contextlib.suppress(_Abandoned):
+                with contextlib.suppress(Abandoned):
                     self._finish(ctx, sock)
 
     def _owns(self) -> bool:
@@ -730,7 +623,7 @@ class Agent:
         forget_decoded()
         self._stopping.set()
         self._stopped.set()
-        self._watch_poke.set()
+        self.watchdog.poke.set()
         if self._on_exit is not None:
             with contextlib.suppress(Exception):
                 self._on_exit(self)
@@ -789,7 +682,7 @@ class Agent:
             # so stalls a busy application thread: the whole wake-up is
             # charged, the part no operation below accounts for as "wake".
             awake_from = _cost_clock()
-            self._accounted_s = 0.0
+            self.ledger.accounted_s = 0.0
             now = self.clock()
             if now >= next_replan or (self._monitor_plan is not None and now >= self._monitor_plan_until):
                 self._replan()
@@ -817,10 +710,8 @@ class Agent:
                     t0 = _cost_clock()
                     self.sample()
                     spent = _cost_clock() - t0
-                    self._window_costs["sample"] += spent
-                    self._accounted_s += spent
-                    self.guard.charge(spent, self.clock(), "sample")
-                    self.max_op_s = max(self.max_op_s, spent)
+                    self.ledger.charge("sample", spent)
+                    self.ledger.operation(spent)
                     # A plain mean over the first samples, then a moving average:
                     # the plan follows real costs within a few samples of start.
                     self._samples_total += 1
@@ -829,8 +720,8 @@ class Agent:
                     if self._samples_total in _EARLY_REPLANS:
                         self._replan()
                     next_sample = now + self._jitter(self.sample_delay_s)
-            if self._on_poll and not self.paused:
-                self._poll_step(now)
+            if self.polls.collectors and not self.paused:
+                self.polls.step(now, self.budget)
             detailing = bool(self._bursts)
             if self.proflet_costs and not self.paused and now >= self._detail_at:
                 self._detail_step(self.clock())
@@ -905,14 +796,14 @@ class Agent:
                 next_report,
                 self._detail_at if self.proflet_costs and not self.paused else math.inf,
                 self._boost_until if self._boost_until is not None else math.inf,
-                min(self._next_poll.values(), default=math.inf) if not self.paused else math.inf,
+                self.polls.next_due() if not self.paused else math.inf,
                 self._next_check if self.triggers is not None and not self.paused else math.inf,
                 self._event_end if self._event_end is not None else math.inf,
                 next_hello if not self._hello_sent and hello_wait < HELLO_RETRY_S else math.inf,
             )
             # Round up: a sub-millisecond wait truncated to poll(0) would make
             # this loop spin, taking the GIL from the application each time.
-            rest = _cost_clock() - awake_from - self._accounted_s
+            rest = _cost_clock() - awake_from - self.ledger.accounted_s
             if self.ticker:
                 # This wake-up took the GIL too. Behind a busy thread that is a
                 # hand-off: the thread waits for this one to wake up and for
@@ -923,16 +814,14 @@ class Agent:
                 # share of ticks that found the GIL held.
                 rest += self._handoff_s
             if rest > 0:
-                self.wake_cost_s += EWMA_ALPHA * (rest - self.wake_cost_s)
+                self.ledger.wake_cost_s += EWMA_ALPHA * (rest - self.ledger.wake_cost_s)
                 if detailing:
                     # Detailing's wake-ups (its ticks, starts and ends) are in
                     # a burst's price: spread over the samples they would make
                     # sampling look several times dearer at a low budget.
-                    self._window_costs["detail"] += rest
-                    self.guard.charge(rest, self.clock(), "detail")
+                    self.ledger.charge("detail", rest)
                 else:
-                    self._window_costs["wake"] += rest
-                    self.guard.charge(rest, self.clock(), "wake")
+                    self.ledger.charge("wake", rest)
                     if self.ticker:
                         # The ticker samples without this loop: what wakes it
                         # is reports, the messages that answer them and the
@@ -1069,12 +958,12 @@ class Agent:
         # The collectors' own passes pace themselves to a share of the budget:
         # the stack samples are planned with the rest, or the ticker would take
         # every token and the passes would wait for ever.
-        polls = min(0.5 * self.budget, sum(self._poll_rate.values()))
+        polls = min(0.5 * self.budget, self.polls.rate_total())
         self.plan = plan(
             self.budget - polls,
             # With the ticker the loop's wake-ups are spread over the samples
             # each drain brings (_undrained_s), already in sample_cost_s.
-            self.sample_cost_s + (0.0 if self.ticker else self.wake_cost_s),
+            self.sample_cost_s + (0.0 if self.ticker else self.ledger.wake_cost_s),
             self.report_cost_s,
             self._fitted_costs(),
             self.sample_lag_s,
@@ -1170,10 +1059,8 @@ class Agent:
             for why, count in self._tk.counters().items():
                 self.dropped[why] = self.dropped.get(why, 0) + count
         spent = own + elsewhere
-        self._window_costs["sample"] += spent
-        self._accounted_s += own
-        self.guard.charge(spent, self.clock(), "sample")
-        self.max_op_s = max(self.max_op_s, own)
+        self.ledger.charge("sample", spent)
+        self.ledger.operation(own)
         self.sample_lag_s = stats["latency_s"]
         ticks = stats["ticks"] - last["ticks"]
         if ticks > 0:
@@ -1241,8 +1128,7 @@ class Agent:
             if kind.sampled is not Collector.sampled:
                 self._on_sampled.append(collector)
             if kind.poll is not Collector.poll:
-                self._on_poll.append(collector)
-                self._next_poll[name] = self.clock()
+                self.polls.add(collector, self.clock())
             # The report pass also charges the always-on hooks' cost: a collector with
             # hooks but nothing to report must still be in it, or they go uncharged.
             if kind.report is not Collector.report or kind.basic_cost_s is not Collector.basic_cost_s:
@@ -1270,9 +1156,7 @@ class Agent:
         """A collector raised or hung: it is done for this run; nothing reaches the application."""
         collector = self.collectors.pop(name, None)
         self._on_sampled = [c for c in self._on_sampled if c is not collector]
-        self._on_poll = [c for c in self._on_poll if c is not collector]
-        self._next_poll.pop(name, None)
-        self._poll_rate.pop(name, None)
+        self.polls.forget(name, collector)
         self._on_report = [c for c in self._on_report if c is not collector]
         self.proflet_costs.pop(name, None)
         self.kind_costs.pop(name, None)
@@ -1287,110 +1171,22 @@ class Agent:
             with contextlib.suppress(Exception):
                 self._call(name, collector.close)
 
-    # --- collector hooks and the hang watchdog -------------------------------------
-    #
-    # Every collector hook runs on the sampler thread through _call, which
-    # records it in _hook_call for the watchdog thread. The watchdog wakes
-    # once a report interval (at least every WATCH_MAX_S) and, if the hook
-    # in progress has run past its limit (HANG_MIN_S, HANG_FACTOR), gives the
-    # sampler thread up:
-    #
-    # * the call is claimed (_HookCall.claim), so exactly one of the watchdog
-    #   and the returning hook decides what happens next;
-    # * the given-up thread no longer owns anything (_ident is cleared): it
-    #   never touches the agent's state or socket again, it only leaves;
-    # * _Abandoned is raised in it asynchronously: a hook spinning in Python
-    #   ends at its next bytecode, and the thread exits quietly. One blocked
-    #   in C (a sleep, a lock) stays blocked; should the call ever return, the
-    #   thread exits then. Either way only that thread runs collector code;
-    # * a replacement sampler thread switches the proflet off (reason
-    #   "hung: ..."), charges the CPU the hook burned, restarts the ticker so
-    #   it skips the new sampler thread, takes over the socket (handed over
-    #   through the claim and the thread start, both full memory barriers, as
-    #   ZeroMQ requires for moving a socket between threads) and goes on.
-    #
-    # Limits: a hook that holds the GIL in C forever (a runaway regex) stops
-    # the whole process, watchdog included; one that took a lock the agent
-    # needs later (an import lock) could stall the replacement too, and it is
-    # given up in turn. A hook interrupted mid-way may leave its proflet's
-    # own state inconsistent: the proflet is off by then and its close() is
-    # called (watched as well) to remove its hooks.
+    # --- the hang watchdog (agent.watchdog) ----------------------------------------
 
-    def _call(self, name: str, hook: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
-        """Call a hook of proflet ``name`` on the sampler thread, under the watchdog's eye."""
-        slowest = self._hook_slowest.get(name, 0.0)
+    def _planned_s(self, name: str) -> float:
+        """A proflet's planned fixed cost: a census, say, is slow by design, and no hang at that."""
         costs = self.proflet_costs.get(name)
-        if costs is not None:  # a census, say, is slow by design: its planned fixed cost
-            slowest = max(slowest, costs.ovhd_ms / 1000.0)
-        limit = max(HANG_MIN_S, HANG_FACTOR * slowest)
-        call = _HookCall(name, getattr(hook, "__name__", "hook"), time.monotonic(), _cost_clock(), limit)
-        self._hook_call = call
-        try:
-            result = hook(*args, **kwargs)
-        except _Abandoned:
-            raise  # the watchdog's interruption: this thread is done
-        except BaseException:
-            self._returned(call)
-            raise
-        self._returned(call)
-        return result
+        return costs.ovhd_ms / 1000.0 if costs is not None else 0.0
 
-    def _returned(self, call: _HookCall) -> None:
-        if not call.claim():
-            self._abandoned(call)
-        self._hook_call = None
-        took = time.monotonic() - call.start
-        if took > self._hook_slowest.get(call.name, 0.0):
-            self._hook_slowest[call.name] = took
-
-    def _abandoned(self, call: _HookCall) -> NoReturn:
-        """The hook returned after the watchdog gave this thread up: leave, touching nothing."""
-        while not call.settled:  # the watchdog is a few bytecodes from deciding whether to interrupt
-            time.sleep(0.001)
-        # An interruption on its way is taken here, where it only ends this
-        # thread, and never later: once the thread is gone its id may be reused.
-        deadline = time.monotonic() + 1.0
-        while call.interrupted and time.monotonic() < deadline:
-            time.sleep(0.001)
-        _interrupt(threading.get_ident(), None)
-        raise _Abandoned
-
-    def _watch(self) -> None:
-        """The watchdog thread: gives up a sampler thread stuck in a collector hook."""
-        _name_os_thread(WATCHDOG_NAME)
-        while not self._stopped.is_set():
-            if self._stopping.is_set():
-                period = WATCH_STOP_S
-            else:
-                period = min(max(self.report_delay_s, WATCH_MIN_S), WATCH_MAX_S)
-            self._watch_poke.wait(period)
-            self._watch_poke.clear()
-            if self._stopped.is_set():
-                return
-            t0 = _cost_clock()
-            try:
-                self._check_hang()
-            except Exception as exc:  # never into the application, and keep watching
-                self.errors.append(f"watchdog: {type(exc).__name__}: {exc}")
-            # Charged by the sampler at its next report; a wake-up behind a
-            # busy application thread costs it a GIL hand-off, like the sampler's.
-            self._watch_spent_s += _cost_clock() - t0 + self._handoff_s
-
-    def _check_hang(self) -> None:
-        call = self._hook_call
-        if call is None:
-            return
-        elapsed = time.monotonic() - call.start
-        limit = min(call.limit_s, STOP_HANG_S) if self._stopping.is_set() else call.limit_s
-        if elapsed < limit or not call.claim():
-            return
+    def _give_up(self, call: HookCall, elapsed: float) -> None:
+        """On the watchdog's thread: the sampler thread is stuck in ``call``; a replacement carries on."""
         stuck = self._thread
         try:
             ident = self._ident
             self._handing_over = True
             self._ident = 0  # from here on, the stuck thread owns nothing
-            cpu_s = max(0.0, _thread_cpu_s(ident) - call.cpu0)
-            call.interrupted = _interrupt(ident, _Abandoned)
+            cpu_s = max(0.0, thread_cpu_s(ident) - call.cpu0)
+            call.interrupted = interrupt(ident, Abandoned)
         finally:
             call.settled = True
         if stuck is not None:
@@ -1404,12 +1200,12 @@ class Agent:
         except RuntimeError:  # no thread can be started: this one carries on as the sampler
             self._resume(call, elapsed, cpu_s)
 
-    def _resume(self, call: _HookCall, elapsed: float, cpu_s: float) -> None:
+    def _resume(self, call: HookCall, elapsed: float, cpu_s: float) -> None:
         """A replacement sampler thread: switch the hung proflet off and carry on where the last one stopped."""
         self._ident = threading.get_ident()
         self._thread = threading.current_thread()
         self._handing_over = False
-        _name_os_thread(THREAD_NAME)
+        name_os_thread(THREAD_NAME)
         sock = self._sock
         ctx = sock.context if sock is not None else None
         try:
@@ -1421,22 +1217,20 @@ class Agent:
                         self._start_ticker()
                         self._serve(sock)
                     self._leave(sock)
-            except _Abandoned:
+            except Abandoned:
                 raise
             except BaseException as exc:  # never let anything reach the application
                 self._failed(sock, exc)
             self._finish(ctx, sock)
-        except _Abandoned:
+        except Abandoned:
             pass  # hung again, in another hook: a newer replacement carries on
 
-    def _hung(self, call: _HookCall, elapsed: float, cpu_s: float) -> None:
+    def _hung(self, call: HookCall, elapsed: float, cpu_s: float) -> None:
         self._switch_off(call.name, f"hung: {call.hook}() ran for {elapsed:.1f} s (limit {call.limit_s:.1f} s)")
         if cpu_s > 0:
             # A spinning hook held the GIL as it ran: the application's time.
-            now = self.clock()
-            self.guard.charge(cpu_s, now, "hung")
-            self._window_costs["hung"] = self._window_costs.get("hung", 0.0) + cpu_s
-            self.max_op_s = max(self.max_op_s, cpu_s)
+            self.ledger.charge("hung", cpu_s)
+            self.ledger.max_op_s = max(self.ledger.max_op_s, cpu_s)
 
     def _next_kind(self, name: str) -> str:
         kinds = self.kind_costs[name]
@@ -1466,7 +1260,7 @@ class Agent:
         length = costs.itvl_ms / 1000.0
         tick = min(BURST_TICK_MAX_S, max(BURST_TICK_S, length / 5.0))
         wakes = math.ceil(length / tick) + 2  # the ticks, the start and the end
-        return cost(costs) / 1000.0 + wakes * self.wake_cost_s
+        return cost(costs) / 1000.0 + wakes * self.ledger.wake_cost_s
 
     def _detail_step(self, now: float) -> None:
         for name, burst in list(self._bursts.items()):
@@ -1504,9 +1298,8 @@ class Agent:
             self._switch_off(name, exc)
             return
         fixed = _cost_clock() - t0
-        self.max_op_s = max(self.max_op_s, fixed)
-        self._accounted_s += fixed
-        self._window_costs["detail"] += fixed
+        self.ledger.operation(fixed)
+        self.ledger.window["detail"] += fixed
         # Reserve the expected slowdown now, so sampling cannot spend it while
         # the burst runs; the measured slowdown replaces it at the end.
         reserved = costs.slow / (1.0 + costs.slow) * length
@@ -1530,10 +1323,9 @@ class Agent:
         self.guard.charge(fixed - burst.fixed_s + slowdown - burst.charged_s, self.clock(), "detail")
         # What passed the reservation was spent before the guard could stop it:
         # like one long operation, it bounds how far the ledger can exceed the budget.
-        self.max_op_s = max(self.max_op_s, slowdown - burst.reserved_s)
-        self._window_costs["detail"] += fixed - burst.fixed_s + slowdown
-        self._accounted_s += fixed - burst.fixed_s
-        self.max_op_s = max(self.max_op_s, fixed - burst.fixed_s)
+        self.ledger.max_op_s = max(self.ledger.max_op_s, slowdown - burst.reserved_s)
+        self.ledger.window["detail"] += fixed - burst.fixed_s + slowdown
+        self.ledger.operation(fixed - burst.fixed_s)
         kinds = self.kind_costs[name]
         # A plain mean over a kind's first bursts, then a moving average: the
         # declared costs are a cautious guess, and the first measurement is a
@@ -1653,48 +1445,6 @@ class Agent:
         if self.tables.full():
             self._restart_tables()
 
-    def _poll_step(self, now: float) -> None:
-        """Run the collectors' own sampling passes that are due, charged as sampling, within the budget."""
-        for collector in list(self._on_poll):
-            name = collector.name
-            due = self._next_poll.get(name, math.inf)
-            if now < due:
-                continue
-            # Short of money, the pass is skipped and the next comes in its turn,
-            # or when the money is there if that is later (FIRST_POLL_WAIT_S before
-            # a first pass has set a turn). Waking again as soon as the money
-            # should be there failed: every wake-up (about 0.1 ms here, a tenth of
-            # a second's budget at 1%) spent what had accrued, and neither passes
-            # nor samples ran again.
-            wait = self.guard.wait_needed(now, self._poll_cost_s.get(name, 0.0) + self.wake_cost_s)
-            if wait > 0 and not collector.POLL_IN_DEBT:
-                self._next_poll[name] = now + max(wait, self._poll_delay.get(name, FIRST_POLL_WAIT_S))
-                continue
-            t0 = _cost_clock()
-            try:
-                delay = float(self._call(name, collector.poll, now, self.budget, self.wake_cost_s))
-            except Exception as exc:
-                self._switch_off(name, exc)
-                continue
-            finally:
-                spent = _cost_clock() - t0
-                self._window_costs["sample"] += spent
-                self._accounted_s += spent
-                self.guard.charge(spent, self.clock(), "sample")
-                self.max_op_s = max(self.max_op_s, spent)
-            cost = self._poll_cost_s.get(name)
-            self._poll_cost_s[name] = spent if cost is None else cost + EWMA_ALPHA * (spent - cost)
-            # At least a millisecond apart: a collector asking for 0 must not spin this loop.
-            delay = max(MIN_POLL_S, delay if delay == delay else MIN_POLL_S)
-            self._next_poll[name] = now + delay
-            self._poll_delay[name] = delay
-            # A pass usually wakes this loop for itself: the wake-up is its price too.
-            rate = (self._poll_cost_s[name] + self.wake_cost_s) / delay
-            was = self._poll_rate.get(name, 0.0)
-            self._poll_rate[name] = rate
-            if abs(rate - was) > 0.25 * max(was, 0.02 * self.budget):
-                self._replan()  # passes that start (asyncio came) or stop, or a new pace: sampling makes room
-
     def _count_pending(self) -> None:
         """Decide the new leaves of pending samples, then count those samples' active threads.
 
@@ -1783,17 +1533,15 @@ class Agent:
         now = self.clock()
         if split_at is not None:
             self._send_before(sock, split_at, now)
-        watched = self._watch_spent_s - self._watch_charged_s
+        watched = self.watchdog.unpaid_s()
         if watched > 0:  # the watchdog's wake-ups since the last report
-            self._watch_charged_s += watched
-            self._window_costs["watchdog"] = self._window_costs.get("watchdog", 0.0) + watched
-            self.guard.charge(watched, now, "watchdog")
+            self.ledger.charge("watchdog", watched, now)
         self.guard.tokens(now)  # brings allowed_s up to now
         body = self._counts_body(self.counts, self.samples_in_window, time.time(), now - self._window_start)
         body.update(
             {
                 # this window's sampling and earlier reports; this report's own cost goes in the next
-                "costs": dict(self._window_costs),
+                "costs": dict(self.ledger.window),
                 # what one sample and one report cost, as our own plan has them (the
                 # monitor plans with these: only we know which wake-ups are whose)
                 "unit_costs": {"sample": self.sample_cost_s, "report": self.report_cost_s},
@@ -1829,7 +1577,7 @@ class Agent:
             body["data"] = self._collector_data(now - self._window_start)
             # with the always-on hooks' cost, charged just now: in the ledger's
             # lines and in its total, or the last report's overhead would miss it
-            body["costs"] = dict(self._window_costs)
+            body["costs"] = dict(self.ledger.window)
             body["spent_s"] = self.guard.spent_s
         sent = self._send(sock, protocol.REPORT, body)
         if sent:
@@ -1840,7 +1588,7 @@ class Agent:
             self.counts.clear()
             self.samples_in_window = 0
             self._window_start = now
-            self._window_costs = {"sample": 0.0, "report": 0.0, "detail": 0.0, "wake": 0.0}
+            self.ledger.window = fresh_window()
             self.errors.clear()
             self._unsent_marks = []
             self._events = []
@@ -1849,10 +1597,8 @@ class Agent:
             # Keep the counts and marks: they go out with the next report that gets through.
             self.dropped["reports"] += 1
         spent = _cost_clock() - t0
-        self.max_op_s = max(self.max_op_s, spent)
-        self._window_costs["report"] += spent
-        self._accounted_s += spent
-        self.guard.charge(spent, self.clock(), "report")
+        self.ledger.operation(spent)
+        self.ledger.charge("report", spent)
         self.report_cost_s += EWMA_ALPHA * 4 * (spent + self._report_wakes_s - self.report_cost_s)
         self._report_wakes_s = 0.0
         self._replan()
@@ -1895,7 +1641,7 @@ class Agent:
         # The window's costs, shared by time: the monitor's plot of spending would
         # otherwise show the whole window's at the event.
         share = (boundary - self._window_start) / max(now - self._window_start, 1e-9)
-        costs = {k: v * share for k, v in self._window_costs.items()}
+        costs = {k: v * share for k, v in self.ledger.window.items()}
         body = self._counts_body(
             earlier,
             self.samples_in_window - samples_after,
@@ -1919,7 +1665,7 @@ class Agent:
             self.counts.update(after)
             self.samples_in_window = samples_after
             self._window_start = boundary
-            self._window_costs = {k: v - costs[k] for k, v in self._window_costs.items()}
+            self.ledger.window = {k: v - costs[k] for k, v in self.ledger.window.items()}
 
     # --- triggers ------------------------------------------------------------------------
 
@@ -2017,8 +1763,7 @@ class Agent:
             grew = basic - self._basic_charged.get(collector.name, 0.0)
             if grew > 0:
                 self._basic_charged[collector.name] = basic
-                self._window_costs["basic"] = self._window_costs.get("basic", 0.0) + grew
-                self.guard.charge(grew, self.clock(), "basic")
+                self.ledger.charge("basic", grew)
         return data
 
     def _proflet_states(self) -> dict[str, protocol.ProfletState]:
@@ -2104,8 +1849,7 @@ class Agent:
                 break
             resync = self._on_control(data) or resync
         spent = _cost_clock() - t0
-        self._window_costs["wake"] += spent
-        self.guard.charge(spent, self.clock(), "wake")
+        self.ledger.charge("wake", spent)
         if self.ticker:
             self._report_wakes_s += spent  # the messages answer reports: their price (see _loop)
         if resync:
