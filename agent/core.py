@@ -31,7 +31,6 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
 from types import FrameType
 from typing import Any, Final
 
@@ -48,24 +47,17 @@ from dyper.agent.budget import (
     Guard,
     Plan,
     ProfletCosts,
-    cost,
     plan,
 )
+from dyper.agent.bursts import BURST_SLACK_S as BURST_SLACK_S  # tests read it here
+from dyper.agent.bursts import Burst, Bursts
 from dyper.agent.ledger import EWMA_ALPHA, Clock, Ledger, fresh_window
 from dyper.agent.ledger import cost_clock as _cost_clock
 from dyper.agent.lifeline import Lifeline
 from dyper.agent.native import NativeTicker, choose_sampler
 from dyper.agent.polls import Polls
-from dyper.agent.proflet import Collector, DetailContext, ReportContext
-from dyper.agent.schedule import (
-    CALIBRATION_ALPHA,
-    BurstCost,
-    DetailScheduler,
-    calibrate,
-    combine,
-    fit_interval,
-    share_time,
-)
+from dyper.agent.proflet import Collector, ReportContext
+from dyper.agent.schedule import DetailScheduler
 from dyper.agent.tables import UNDECIDED, WAITS, Tables, forget_decoded
 from dyper.agent.triggers import CHECK_S, DEFAULT_RAISED_MAX, Fired, Ring, Triggers, TriggerSpec
 from dyper.agent.watchdog import (
@@ -146,24 +138,6 @@ CONTROL_BATCH: Final = 64
 #: A monitor that restarted asks once a second (monitor.server.RESYNC_INTERVAL_S);
 #: more often than this, the full tables are not sent again.
 RESYNC_MIN_S: Final = 1.0
-#: The most a detailing burst may cost, in seconds of budget (at 5%, 50 ms).
-BURST_BUDGET_S: Final = 1.0
-#: A burst whose measured slowdown passes its reservation is ended early: the
-#: proflet is dearer than it said, and the next plan knows.
-BURST_OVERRUN: Final = 1.0
-#: ... by more than this many seconds of budget (at 5%, 2.5 ms). A cheap burst
-#: reserves next to nothing (a call burst: well under a millisecond), and the
-#: events it counts come in clumps as threads take turns with the GIL: ended at
-#: the first clump past its reservation, it is cut short exactly when its count
-#: runs high, and the rates taken from such bursts came out low (a third of the
-#: truth once). What passes the reservation is still charged when the burst ends.
-BURST_SLACK_S: Final = 0.05
-#: While a burst runs, the loop wakes at least this often to charge its
-#: slowdown as it accrues (and end it if it overruns) ...
-BURST_TICK_S: Final = 0.02
-BURST_TICK_MAX_S: Final = 0.25
-#: ... and while requests wait for money, this often to start what has become affordable.
-DETAIL_TICK_S: Final = 0.1
 #: Proflets whose collectors run by default: cpu detailing and tasks. The
 #: others are named (DYPER_PROFLETS=cpu,threads,timing, ``proflets=(...)``,
 #: or "all" for every registered one, :mod:`proflets`): with threads and
@@ -204,22 +178,6 @@ def _argv() -> list[str]:
         return [p.decode(errors="replace") for p in parts if p]
     except OSError:
         return list(sys.argv)
-
-
-class _Burst:
-    """A detailing burst in progress."""
-
-    __slots__ = ("charged_s", "end", "fixed_s", "kind", "name", "reserved_s", "start")
-
-    def __init__(self, name: str, kind: str, start: float, end: float, fixed_s: float, reserved_s: float) -> None:
-        self.name = name
-        self.kind = kind
-        self.start = start
-        self.end = end
-        self.fixed_s = fixed_s
-        self.reserved_s = reserved_s
-        #: slowdown charged to the guard so far (the reservation, then what was measured past it)
-        self.charged_s = reserved_s
 
 
 def _load_collectors(names: tuple[str | Collector, ...] | None, off: dict[str, str]) -> dict[str, Collector]:
@@ -331,7 +289,7 @@ class Agent:
             stopping=self._stopping,
             stopped=self._stopped,
             errors=self.errors,
-            planned_s=self._planned_s,
+            planned_s=lambda name: self.bursts.planned_s(name),
             period_s=lambda: self.report_delay_s,
             handoff_s=lambda: self._handoff_s,
             give_up=self._give_up,
@@ -372,25 +330,20 @@ class Agent:
         self.startup_s = 0.0
         #: the collectors load_proflets() built, until the sampler hooks them up
         self._loaded: dict[str, Collector] | None = None
-        #: calibrated costs per detailing proflet (the collectors that detail)
-        self.proflet_costs: dict[str, ProfletCosts] = {}
-        #: proflet -> kind of burst -> its calibrated costs (see Collector.burst_kinds)
-        self.kind_costs: dict[str, dict[str, ProfletCosts]] = {}
-        self._kind_bursts: dict[tuple[str, str], int] = {}
-        #: proflets the monitor asked for again while their burst still ran
-        self._again: set[str] = set()
         #: proflet name -> why it is off (unavailable here, or its collector raised)
         self.proflets_off: dict[str, str] = {}
-        self.scheduler = DetailScheduler(rng=self._rng)
-        self._bursts: dict[str, _Burst] = {}
-        #: when the detailing machinery next needs a look: a due time, a burst's
-        #: tick or end, or a retry while requests wait for money. Set when
-        #: something changes, never pushed later by merely looping.
-        self._detail_at = -math.inf
-        self._details_done: list[dict[str, Any]] = []
-        self.bursts_total = 0
-        #: location id of a leaf -> recent self samples, decayed each report: the candidates
-        self._heat: dict[int, float] = {}
+        #: detailing (agent.bursts): the proflets' costs, the scheduler, the bursts in progress
+        self.bursts = Bursts(
+            self.ledger,
+            self._call,
+            self._switch_off,
+            self._replan,
+            collectors=self.collectors,
+            plan=lambda: self.plan,
+            counts=self.counts,
+            tables=self.tables,
+            rng=self._rng,
+        )
         #: the monitor's last timings and until when they hold
         self._monitor_plan: dict[str, Any] | None = None
         self._monitor_plan_until = -math.inf
@@ -453,6 +406,42 @@ class Agent:
         if watched:
             # Only collectors' hooks can hang the sampler: without them, no watchdog.
             self.watchdog.start()
+
+    # --- what tests and bench scripts read of the subsystems -----------------------
+
+    @property
+    def proflet_costs(self) -> dict[str, ProfletCosts]:
+        """Calibrated costs per detailing proflet (see Bursts)."""
+        return self.bursts.proflet_costs
+
+    @property
+    def kind_costs(self) -> dict[str, dict[str, ProfletCosts]]:
+        return self.bursts.kind_costs
+
+    @property
+    def scheduler(self) -> DetailScheduler:
+        return self.bursts.scheduler
+
+    @property
+    def bursts_total(self) -> int:
+        return self.bursts.bursts_total
+
+    @property
+    def _bursts(self) -> dict[str, Burst]:
+        return self.bursts.running
+
+    @property
+    def _details_done(self) -> list[dict[str, Any]]:
+        return self.bursts.done
+
+    def _detail_step(self, now: float) -> None:
+        self.bursts.step(now)
+
+    def _burst_costs(self, name: str, kind: str) -> ProfletCosts:
+        return self.bursts.costs_of(name, kind)
+
+    def _burst_price_s(self, name: str) -> float:
+        return self.bursts.price_s(name)
 
     @property
     def max_op_s(self) -> float:
@@ -722,10 +711,9 @@ class Agent:
                     next_sample = now + self._jitter(self.sample_delay_s)
             if self.polls.collectors and not self.paused:
                 self.polls.step(now, self.budget)
-            detailing = bool(self._bursts)
-            if self.proflet_costs and not self.paused and now >= self._detail_at:
-                self._detail_step(self.clock())
-                self._detail_at = self._next_detail_event()
+            detailing = bool(self.bursts.running)
+            if not self.paused and now >= self.bursts.next_due():
+                self.bursts.run_due()
                 detailing = True
             if self._new_triggers:
                 self._take_new_triggers(now)
@@ -794,7 +782,7 @@ class Agent:
             wake = min(
                 next_sample,
                 next_report,
-                self._detail_at if self.proflet_costs and not self.paused else math.inf,
+                self.bursts.next_due() if not self.paused else math.inf,
                 self._boost_until if self._boost_until is not None else math.inf,
                 self.polls.next_due() if not self.paused else math.inf,
                 self._next_check if self.triggers is not None and not self.paused else math.inf,
@@ -867,8 +855,8 @@ class Agent:
         """
         if self.ticker:
             self._tk.ticker_stop()
-        for name in list(self._bursts):
-            self._stop_burst(name, self.clock())
+        for name in list(self.bursts.running):
+            self.bursts.stop(name, self.clock())
         if not self._hello_sent:
             # A short life (start, then stop at once): the connection may be up only now,
             # or in a moment (on a loaded machine, 20 lives of a few ms each all ended
@@ -903,16 +891,14 @@ class Agent:
         if lower:
             # A running burst was sized and reserved for the old budget: left
             # to run, it spends under the new one what only the old allowed.
-            for name in list(self._bursts):
-                self._stop_burst(name, now)
+            self.bursts.stop_all(now)
         self._replan()
 
     def _apply_pause(self, pause: bool) -> None:
         """Pause: end the bursts and stop the ticker, so that nothing runs in the application's threads. Or resume."""
         now = self.clock()
         if pause:
-            for name in list(self._bursts):
-                self._stop_burst(name, now)
+            self.bursts.stop_all(now)
             if self.ticker:
                 self._ticker_step(drain=True)  # the samples taken before the pause are kept
                 self._tk.ticker_stop()
@@ -927,7 +913,7 @@ class Agent:
             if self._ticker_paused:
                 self._ticker_paused = False
                 self._start_ticker()
-            self._detail_at = -math.inf
+            self.bursts.look_now()
             self.mark("resume", "resume")
 
     def _pause_collectors(self, paused: bool) -> None:
@@ -947,12 +933,6 @@ class Agent:
         planned_for = timings.get("budget")
         return planned_for is None or self._under_ceiling(float(planned_for)) == budget
 
-    def _fitted_costs(self) -> list[ProfletCosts]:
-        """Per proflet, the mean of its kinds of burst, each sized as it will run: what the plan uses."""
-        return [
-            combine([self._burst_costs(name, kind) for kind in self.kind_costs[name]]) for name in self.proflet_costs
-        ]
-
     def _replan(self) -> None:
         now = self.clock()
         # The collectors' own passes pace themselves to a share of the budget:
@@ -965,7 +945,7 @@ class Agent:
             # each drain brings (_undrained_s), already in sample_cost_s.
             self.sample_cost_s + (0.0 if self.ticker else self.ledger.wake_cost_s),
             self.report_cost_s,
-            self._fitted_costs(),
+            self.bursts.fitted_costs(),
             self.sample_lag_s,
             MIN_SAMPLE_DELAY_S if self.ticker else MIN_THREAD_SAMPLE_DELAY_S,
         )
@@ -974,15 +954,14 @@ class Agent:
         if theirs is None:
             self._monitor_plan = None
             self._monitor_requests = False
-            self.scheduler.set_delays(self.plan.detail_delay_s, now)
-            self._detail_at = min(self._detail_at, self.scheduler.next_event())
+            self.bursts.set_delays(self.plan.detail_delay_s, now)
         else:
             # The monitor decides when to detail (it sends a request per burst);
             # its timings are taken only where they spend no more than ours.
             sample = max(sample, float(theirs.get("sample_delay_s", sample)))
             report = max(report, float(theirs.get("report_delay_s", report)))
             if self._monitor_requests:
-                self.scheduler.set_delays({}, now)
+                self.bursts.set_delays({}, now, look=False)
             else:
                 # Until its first request our own bursts go on, at the slower
                 # of the two delays and only for the proflets it details at
@@ -991,7 +970,7 @@ class Agent:
                 # first seconds of a long one) would otherwise go undetailed.
                 wanted = theirs.get("detail_delay_s")
                 wanted = wanted if isinstance(wanted, dict) else {}
-                self.scheduler.set_delays(
+                self.bursts.set_delays(
                     {
                         name: max(delay, float(wanted[name]))
                         for name, delay in self.plan.detail_delay_s.items()
@@ -999,7 +978,6 @@ class Agent:
                     },
                     now,
                 )
-                self._detail_at = min(self._detail_at, self.scheduler.next_event())
         self.sample_delay_s, self.report_delay_s = sample, report
         if self.ticker:
             self._sync_ticker()
@@ -1142,9 +1120,8 @@ class Agent:
                 except Exception as exc:
                     self._switch_off(name, exc)
                     continue
-                self.kind_costs[name] = by_kind
-                self.proflet_costs[name] = combine(list(by_kind.values()))
-        self.scheduler.queue.allows = {name: self.collectors[name].ALLOWS for name in self.proflet_costs}
+                self.bursts.add(name, by_kind)
+        self.bursts.scheduler.queue.allows = {name: self.collectors[name].ALLOWS for name in self.proflet_costs}
         # Loading is start-up, like importing the agent itself: one-time
         # imports (tens of ms of CPU), paid once per attach. Charging it to a
         # 1% budget would stop sampling for seconds; it is reported instead
@@ -1158,12 +1135,7 @@ class Agent:
         self._on_sampled = [c for c in self._on_sampled if c is not collector]
         self.polls.forget(name, collector)
         self._on_report = [c for c in self._on_report if c is not collector]
-        self.proflet_costs.pop(name, None)
-        self.kind_costs.pop(name, None)
-        self._bursts.pop(name, None)
-        self._again.discard(name)
-        self.scheduler.queue.forget(name)
-        self.scheduler.set_delays({k: v for k, v in self.scheduler.delays.items() if k != name}, self.clock())
+        self.bursts.forget(name)
         reason = why if isinstance(why, str) else f"{type(why).__name__}: {why}"
         self.proflets_off[name] = reason
         self.errors.append(f"proflet {name} switched off: {reason}")
@@ -1172,11 +1144,6 @@ class Agent:
                 self._call(name, collector.close)
 
     # --- the hang watchdog (agent.watchdog) ----------------------------------------
-
-    def _planned_s(self, name: str) -> float:
-        """A proflet's planned fixed cost: a census, say, is slow by design, and no hang at that."""
-        costs = self.proflet_costs.get(name)
-        return costs.ovhd_ms / 1000.0 if costs is not None else 0.0
 
     def _give_up(self, call: HookCall, elapsed: float) -> None:
         """On the watchdog's thread: the sampler thread is stuck in ``call``; a replacement carries on."""
@@ -1231,174 +1198,6 @@ class Agent:
             # A spinning hook held the GIL as it ran: the application's time.
             self.ledger.charge("hung", cpu_s)
             self.ledger.max_op_s = max(self.ledger.max_op_s, cpu_s)
-
-    def _next_kind(self, name: str) -> str:
-        kinds = self.kind_costs[name]
-        try:
-            kind = self._call(name, self.collectors[name].burst_kind)
-        except Exception:  # a broken proflet shows itself in start_detail, where it is switched off
-            kind = ""
-        return kind if kind in kinds else next(iter(kinds))
-
-    def _burst_costs(self, name: str, kind: str) -> ProfletCosts:
-        # A burst costs at most BURST_BUDGET_S of budget. Larger bursts would
-        # wait for their price to accrue (five seconds at half the bucket), and
-        # a run of a few seconds would end before any could start; smaller
-        # ones, more often, spend the same share sooner.
-        kinds = self.kind_costs[name]
-        fitted = [fit_interval(c, self.guard.rate * BURST_BUDGET_S) for c in kinds.values()]
-        # Kinds that take turns: the cheap ones are kept short enough for the
-        # dear ones to spend the share the current plan gives (one kind: as is).
-        fitted = share_time(fitted, self.plan.detail_share.get(name, 0.0) * self.guard.rate)
-        return fitted[list(kinds).index(kind)]
-
-    def _burst_price_s(self, name: str) -> float:
-        """What a burst must find in the guard before it starts: its COST, and
-        the loop's wake-ups while it runs (each charged when it happens, after
-        the fact: unplanned, a burst's ticks could run the ledger past the budget)."""
-        costs = self._burst_costs(name, self._next_kind(name))
-        length = costs.itvl_ms / 1000.0
-        tick = min(BURST_TICK_MAX_S, max(BURST_TICK_S, length / 5.0))
-        wakes = math.ceil(length / tick) + 2  # the ticks, the start and the end
-        return cost(costs) / 1000.0 + wakes * self.ledger.wake_cost_s
-
-    def _detail_step(self, now: float) -> None:
-        for name, burst in list(self._bursts.items()):
-            collector = self.collectors[name]
-            try:
-                slowdown = self._call(name, collector.slowdown_s)
-            except Exception as exc:
-                self._switch_off(name, exc)
-                continue
-            if slowdown > burst.charged_s:
-                self.guard.charge(slowdown - burst.charged_s, now, "detail")
-                burst.charged_s = slowdown
-            # End it when the next tick would pass the reservation, not after:
-            # the sampler may wait a switch interval for the GIL before it looks again.
-            rate = slowdown / max(now - burst.start, 1e-3)
-            limit = BURST_OVERRUN * burst.reserved_s + self.guard.rate * BURST_SLACK_S
-            if now >= burst.end or slowdown + rate * (self._burst_tick_s() + 0.005) > limit:
-                self._stop_burst(name, now)
-
-        def affordable(name: str) -> bool:
-            return self.guard.wait_needed(now, self._burst_price_s(name)) <= 0
-
-        for name in self.scheduler.tick(now, affordable):
-            self._start_burst(name, now)
-
-    def _start_burst(self, name: str, now: float) -> None:
-        kind = self._next_kind(name)
-        costs = self._burst_costs(name, kind)
-        length = costs.itvl_ms / 1000.0
-        t0 = _cost_clock()
-        collector = self.collectors[name]
-        try:
-            self._call(name, collector.start_detail, DetailContext(self._candidates(), length))
-        except Exception as exc:
-            self._switch_off(name, exc)
-            return
-        fixed = _cost_clock() - t0
-        self.ledger.operation(fixed)
-        self.ledger.window["detail"] += fixed
-        # Reserve the expected slowdown now, so sampling cannot spend it while
-        # the burst runs; the measured slowdown replaces it at the end.
-        reserved = costs.slow / (1.0 + costs.slow) * length
-        self.guard.charge(fixed + reserved, self.clock(), "detail")
-        start = self.clock()
-        self._bursts[name] = _Burst(name, kind, start, start + length, fixed, reserved)
-
-    def _stop_burst(self, name: str, now: float) -> None:
-        burst = self._bursts.pop(name)
-        collector = self.collectors.get(name)
-        t0 = _cost_clock()
-        try:
-            result = self._call(name, collector.stop_detail) if collector is not None else {}
-        except Exception as exc:
-            self._switch_off(name, exc)
-            return
-        fixed = burst.fixed_s + _cost_clock() - t0
-        slowdown = float(result.get("slowdown_s", burst.charged_s))
-        length = float(result.get("length_s", now - burst.start))
-        # Settle the reservation against what was measured (a refund if it was less).
-        self.guard.charge(fixed - burst.fixed_s + slowdown - burst.charged_s, self.clock(), "detail")
-        # What passed the reservation was spent before the guard could stop it:
-        # like one long operation, it bounds how far the ledger can exceed the budget.
-        self.ledger.max_op_s = max(self.ledger.max_op_s, slowdown - burst.reserved_s)
-        self.ledger.window["detail"] += fixed - burst.fixed_s + slowdown
-        self.ledger.operation(fixed - burst.fixed_s)
-        kinds = self.kind_costs[name]
-        # A plain mean over a kind's first bursts, then a moving average: the
-        # declared costs are a cautious guess, and the first measurement is a
-        # better one (cpu declares call bursts as dear as line bursts; they cost
-        # next to nothing, and a run of a few seconds would end before a
-        # moving average found that out).
-        n = self._kind_bursts[name, burst.kind] = self._kind_bursts.get((name, burst.kind), 0) + 1
-        alpha = max(CALIBRATION_ALPHA, 1.0 / n)
-        costs = calibrate(kinds[burst.kind], BurstCost(fixed, slowdown, length), alpha)
-        floor = result.get("ovhd_ms")
-        if isinstance(floor, int | float) and floor > costs.ovhd_ms:
-            # The collector knows its fixed cost better than an average: a
-            # stop-the-world scan plans for the worst one seen (heap), not the mean.
-            costs = replace(costs, ovhd_ms=float(floor))
-        kinds[burst.kind] = costs
-        self.proflet_costs[name] = combine(list(kinds.values()))
-        result["kind"] = burst.kind
-        self.scheduler.finished(name, self.clock())
-        if name in self._again:
-            self._again.discard(name)
-            self.scheduler.queue.request(name)
-        self.bursts_total += 1
-        result.update({"proflet": name, "t": time.time(), "fixed_s": fixed, "slowdown_s": slowdown})
-        self._details_done.append(result)
-        del self._details_done[:-64]  # bounded while no monitor reads them
-        self._replan()
-
-    def _next_detail_event(self) -> float:
-        if not self.proflet_costs:
-            return math.inf
-        now = self.clock()
-        if self._bursts:
-            return min(now + self._burst_tick_s(), min(b.end for b in self._bursts.values()))
-        if self.scheduler.queue.waiting:
-            # Look again when the cheapest waiting request is paid for: each
-            # look wakes this thread, which is not free either.
-            wait = min(self.guard.wait_needed(now, self._burst_price_s(name)) for name in self.scheduler.queue.waiting)
-            return now + max(DETAIL_TICK_S, wait)
-        return self.scheduler.next_event()
-
-    def _burst_tick_s(self) -> float:
-        """How often a running burst is charged and checked: a fifth of the
-        shortest, within BURST_TICK_S and BURST_TICK_MAX_S."""
-        shortest = min(b.end - b.start for b in self._bursts.values())
-        return min(BURST_TICK_MAX_S, max(BURST_TICK_S, shortest / 5.0))
-
-    def _candidates(self) -> list[Any]:
-        """Code objects of the hottest functions by self samples, hottest first."""
-        heat = dict(self._heat)
-        for (_, stack), n in self.counts.items():
-            if stack:
-                heat[stack[0]] = heat.get(stack[0], 0.0) + n
-        by_code: dict[int, tuple[float, Any]] = {}
-        rows = self.tables.loc_rows
-        for loc, h in heat.items():
-            if loc >= len(rows) or rows[loc][5] & (protocol.LOC_BLOCKING | protocol.LOC_AGENT):
-                continue  # a thread waiting in a call is not spending CPU in its function
-            code = self.tables.code_of(loc)
-            old = by_code.get(id(code))
-            by_code[id(code)] = (h + (old[0] if old else 0.0), code)
-        ranked = sorted(by_code.values(), key=lambda pair: -pair[0])
-        return [code for _, code in ranked]
-
-    def _cool(self) -> None:
-        """Fold this window's leaves into the decayed heat the candidates come from."""
-        heat = self._heat
-        for loc in list(heat):
-            heat[loc] *= 0.5
-            if heat[loc] < 0.5:
-                del heat[loc]
-        for (_, stack), n in self.counts.items():
-            if stack:
-                heat[stack[0]] = heat.get(stack[0], 0.0) + n
 
     # --- sampling (the hot path) --------------------------------------------------
 
@@ -1507,7 +1306,7 @@ class Agent:
         self.dropped["samples"] += sum(self.counts.values())
         self.counts.clear()
         self._ring.clear(self.clock())  # its counts are of the old epoch
-        self._heat.clear()  # its keys are location ids of the old epoch
+        self.bursts.heat.clear()  # its keys are location ids of the old epoch
         self._pending.clear()  # so are these
         self.tables.restart()
 
@@ -1560,7 +1359,7 @@ class Agent:
                 "errors": self.errors[-10:],
                 "mode": "monitor" if self._monitor_plan is not None else "local",
                 "proflets": self._proflet_states(),
-                "details": self._details_done,
+                "details": self.bursts.done,
                 "paused": self.paused,
                 "sampler": {"name": self.sampler, "why": self.sampler_why},
             }
@@ -1581,8 +1380,8 @@ class Agent:
             body["spent_s"] = self.guard.spent_s
         sent = self._send(sock, protocol.REPORT, body)
         if sent:
-            self._cool()
-            self._details_done = []
+            self.bursts.cool()
+            self.bursts.done = []
             self.seq += 1
             self.tables.mark_sent()
             self.counts.clear()
@@ -1733,7 +1532,7 @@ class Agent:
             self._report(sock, split_at=now - before)
         # Applied by the loop below, as agent.boost's is; ends the event's higher budget after "after".
         self._pending_boost = (raised, after)
-        self._detail_at = -math.inf  # detailing now, not at its planned time
+        self.bursts.look_now()  # detailing now, not at its planned time
         end = now + after
         self._event_end = end if self._event_end is None else max(self._event_end, end)
 
@@ -1769,14 +1568,14 @@ class Agent:
     def _proflet_states(self) -> dict[str, protocol.ProfletState]:
         """Per proflet: the calibrated costs the monitor plans with, or why it is off."""
         states: dict[str, protocol.ProfletState] = {}
-        for c in self._fitted_costs():
+        for c in self.bursts.fitted_costs():
             states[c.name] = {
                 "ovhd_ms": c.ovhd_ms,
                 "slow": c.slow,
                 "itvl_ms": c.itvl_ms,
                 "prty": c.prty,
                 "allows": sorted(self.collectors[c.name].ALLOWS),
-                "detailing": c.name in self._bursts,
+                "detailing": c.name in self.bursts.running,
             }
         for name, reason in self.proflets_off.items():
             states[name] = {"off": reason}
@@ -1892,15 +1691,8 @@ class Agent:
                 if not self._monitor_requests:
                     # From now on the monitor says when.
                     self._monitor_requests = True
-                    self.scheduler.set_delays({}, self.clock())
-                if name in self._bursts:
-                    # The monitor takes a burst as done at its planned length;
-                    # this one runs later than it thinks (it waited for the
-                    # guard): the request is for the next one, not this one.
-                    self._again.add(name)
-                else:
-                    self.scheduler.queue.request(name)
-                self._detail_at = -math.inf  # look at once
+                    self.bursts.set_delays({}, self.clock(), look=False)
+                self.bursts.request(name)
         return False
 
     def _resync(self, sock: zmq.Socket[Any]) -> None:
