@@ -20,7 +20,6 @@ Everything here runs in someone's production process, so:
 from __future__ import annotations
 
 import contextlib
-import importlib
 import math
 import os
 import random
@@ -31,7 +30,6 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-from types import FrameType
 from typing import Any, Final
 
 import zmq
@@ -54,11 +52,12 @@ from dyper.agent.bursts import Burst, Bursts
 from dyper.agent.ledger import EWMA_ALPHA, Clock, Ledger, fresh_window
 from dyper.agent.ledger import cost_clock as _cost_clock
 from dyper.agent.lifeline import Lifeline
-from dyper.agent.native import NativeTicker, choose_sampler
 from dyper.agent.polls import Polls
 from dyper.agent.proflet import Collector, ReportContext
+from dyper.agent.sampling import TICKER_DRAIN_AT as TICKER_DRAIN_AT  # tests read it here
+from dyper.agent.sampling import Sampling, count_pending, fast, jitter, sample_python
 from dyper.agent.schedule import DetailScheduler
-from dyper.agent.tables import UNDECIDED, WAITS, Tables, forget_decoded
+from dyper.agent.tables import Tables, forget_decoded
 from dyper.agent.triggers import CHECK_S, DEFAULT_RAISED_MAX, Fired, Ring, Triggers, TriggerSpec
 from dyper.agent.watchdog import (
     HUNG_THREAD_NAME,
@@ -74,16 +73,8 @@ from dyper.agent.watchdog import (
     STOP_HANG_S as STOP_HANG_S,  # tests read it here, with the agent's other limits
 )
 
-_fast: Any
-try:  # the optional C walker (agent/_fastsample.c); the pure-Python one is the reference
-    _fast = importlib.import_module("dyper.agent._fastsample")
-except ImportError:  # not built for this interpreter
-    _fast = None
-
-#: Sampling through the C ticker (see "The ticker" in agent/_fastsample.c):
-#: snapshots taken inside the thread that holds the GIL, no hand-off. On
-#: unless DYPER_TICKER=0 (the agent's own thread then samples, as before).
-TICKER: Final = bool(_fast is not None and getattr(_fast, "TICKER", 0)) and os.environ.get("DYPER_TICKER") != "0"
+#: the optional C walker (agent/_fastsample.c), None where it was not built: tests read it here
+_fast: Any = fast
 
 THREAD_NAME: Final = "dyper-sampler"
 AGENT_VERSION: Final = "0.1.0"
@@ -102,23 +93,11 @@ CLOSE_LINGER_MS: Final = 400
 #: the connection (at most CLOSE_LINGER_MS) so that its hello, counts and bye get out.
 SHORT_LIFE_S: Final = 1.0
 
-#: Starting guesses until the first measurements come in; deliberately high so
-#: the first plan errs on the side of spending less.
-INITIAL_SAMPLE_COST_S: Final = 200e-6
+#: Starting guess until the first measurements come in; deliberately high so
+#: the first plan errs on the side of spending less (a sample's: agent.sampling).
 INITIAL_REPORT_COST_S: Final = 2e-3
 #: How often the plan follows the measured costs, monitor or not.
 REPLAN_S: Final = 1.0
-#: Sample counts after which the plan is redone at once, so the first plan's
-#: deliberately high cost guess does not hold sampling back for a whole second.
-_EARLY_REPLANS: Final = frozenset({1, 2, 4, 8, 16, 32})
-#: Snapshots the ticker may queue before the loop drains them between reports.
-TICKER_DRAIN_AT: Final = 512
-#: Until this many samples are in, the loop drains after TICKER_EARLY_DRAIN_S,
-#: then twice that, and so on, at most TICKER_EARLY_DRAINS times, and replans,
-#: so the first plan's high cost guess is soon replaced.
-TICKER_EARLY_SAMPLES: Final = 64
-TICKER_EARLY_DRAIN_S: Final = 0.1
-TICKER_EARLY_DRAINS: Final = 5
 #: How often to retry the hello while no monitor has accepted the connection.
 HELLO_RETRY_S: Final = 0.5
 #: The first retry, doubling up to HELLO_RETRY_S, each with a wake-up of its
@@ -154,8 +133,6 @@ DEFAULT_PROFLETS: Final = ("cpu", "tasks")
 MAX_PENDING_MARKS: Final = 256
 #: While paused, reports (which tell the monitor the agent is alive and paused) go at most this often.
 PAUSED_REPORT_S: Final = 10.0
-#: Slots of the active-threads histogram (the last takes that many or more).
-ACTIVITY_SLOTS: Final = 65
 
 
 def _process_start_time() -> float:
@@ -270,7 +247,6 @@ class Agent:
         self.tables = Tables()
         #: (thread ident, stack of location ids, leaf first) -> samples
         self.counts: dict[tuple[int, tuple[int, ...]], int] = {}
-        self.samples_in_window = 0
         self.seq = 0
         self.errors: list[str] = []
         self.dropped: dict[str, int] = {"reports": 0, "samples": 0, "bad_messages": 0, "marks": 0}
@@ -291,22 +267,32 @@ class Agent:
             errors=self.errors,
             planned_s=lambda name: self.bursts.planned_s(name),
             period_s=lambda: self.report_delay_s,
-            handoff_s=lambda: self._handoff_s,
+            handoff_s=lambda: self.sampling.handoff_s,
             give_up=self._give_up,
         )
         self._call = self.watchdog.call
-        self.sample_cost_s = INITIAL_SAMPLE_COST_S
-        self.sample_lag_s = 0.0
-        #: the loop's own GIL-held time per wake-up, beyond the operations it runs
         self.report_cost_s = INITIAL_REPORT_COST_S
         now = clock()
         self.ledger = Ledger(Guard(budget, now), clock)
         self.guard = self.ledger.guard
-        self.plan: Plan = plan(budget, self.sample_cost_s, self.report_cost_s)
+        #: the stack samples (agent.sampling): the sampler, its subscribers, its cost, its next due time
+        self.sampling = Sampling(
+            self.ledger,
+            self._call,
+            self._switch_off,
+            self._replan,
+            tables=self.tables,
+            counts=self.counts,
+            dropped=self.dropped,
+            errors=self.errors,
+            rng=self._rng,
+            ident=lambda: self._ident,
+            bounded=self._keep_bounded,
+        )
+        self.plan: Plan = plan(budget, self.sampling.sample_cost_s, self.report_cost_s)
         self._window_start = now
         self._bye_reason = "stop"
         self._hello_sent = False
-        self._samples_total = 0
         self._hello: protocol.Hello | None = None
         # Proflets. Collectors are built on the sampler thread, at start.
         self._proflet_names = proflets
@@ -314,16 +300,10 @@ class Agent:
         self.collectors: dict[str, Collector] = {}
         #: the interpreter's install paths (sysconfig), read by start()
         self._paths: dict[str, str] = {}
-        #: those whose sampled / report hooks are overridden (only those are called)
-        self._on_sampled: list[Collector] = []
         #: collectors with their own sampling passes (Collector.poll)
         self.polls = Polls(self.ledger, self._call, self._switch_off, self._replan)
+        #: those whose report hook (or basic_cost_s) is overridden (only those are called)
         self._on_report: list[Collector] = []
-        #: active threads per sample, cumulative (see ReportContext.activity); None: nobody asked
-        self._activity: list[int] | None = None
-        #: samples whose leaves were not all decided when taken (leaf tuples):
-        #: counted into _activity once flag_leaves has decided them
-        self._pending: list[tuple[int, ...]] = []
         #: per collector: its basic_cost_s() already charged
         self._basic_charged: dict[str, float] = {}
         #: CPU seconds of one-time start-up work on the sampler thread (loading the proflets)
@@ -354,22 +334,8 @@ class Agent:
         #: delays in force: the local plan's, or the monitor's where they spend less
         self.sample_delay_s = self.plan.sample_delay_s
         self.report_delay_s = self.plan.report_delay_s
-        #: which sampler takes the stack samples, "native" (agent/_native.c: no GIL) or
-        #: "gil" (the ticker or this thread, under the GIL), and why (see agent.native.choose_sampler)
-        self.sampler, self.sampler_why = choose_sampler()
-        #: what the ticker functions are called on: the C ticker, or the native sampler behind its interface
-        self._tk: Any = NativeTicker(self.tables, TICKER_DRAIN_AT) if self.sampler == "native" else _fast
-        #: sampling through the C ticker (or the native sampler); decided when the loop starts
-        self.ticker = False
-        #: the ticker was stopped by a pause, to start again on resume
-        self._ticker_paused = False
-        self._ticker_last: dict[str, Any] = {}
-        #: costs charged since the last drain, spread over the samples it brought
-        self._undrained_s = 0.0
         #: the loop's wake-ups since the last report, with the ticker part of a report's cost
         self._report_wakes_s = 0.0
-        #: expected GIL hand-off cost of one wake-up of the agent's thread
-        self._handoff_s = 0.0
         self._sock: zmq.Socket[Any] | None = None
         self._collectors_started = False
         self._closing = False
@@ -442,6 +408,82 @@ class Agent:
 
     def _burst_price_s(self, name: str) -> float:
         return self.bursts.price_s(name)
+
+    @property
+    def sampler(self) -> str:
+        """Which sampler takes the stack samples, "native" or "gil" (see Sampling.sampler)."""
+        return self.sampling.sampler
+
+    @property
+    def sampler_why(self) -> str:
+        return self.sampling.sampler_why
+
+    @property
+    def ticker(self) -> bool:
+        return self.sampling.ticker
+
+    @property
+    def _tk(self) -> Any:
+        return self.sampling.tk
+
+    @property
+    def samples_taken(self) -> int:
+        """Samples taken so far, those still in the ticker's queue included."""
+        return self.sampling.samples_taken
+
+    @property
+    def _samples_total(self) -> int:
+        return self.sampling.samples_total
+
+    @property
+    def sample_cost_s(self) -> float:
+        return self.sampling.sample_cost_s
+
+    @property
+    def sample_lag_s(self) -> float:
+        return self.sampling.sample_lag_s
+
+    @property
+    def sample_delay_s(self) -> float:
+        """The mean delay between samples in force: the local plan's, or the monitor's where it spends less."""
+        return self.sampling.delay_s
+
+    @sample_delay_s.setter
+    def sample_delay_s(self, delay: float) -> None:
+        self.sampling.delay_s = delay
+
+    @property
+    def samples_in_window(self) -> int:
+        return self.sampling.samples_in_window
+
+    @samples_in_window.setter
+    def samples_in_window(self, n: int) -> None:
+        self.sampling.samples_in_window = n
+
+    @property
+    def _activity(self) -> list[int] | None:
+        return self.sampling.activity
+
+    @property
+    def _pending(self) -> list[tuple[int, ...]]:
+        return self.sampling.pending
+
+    @_pending.setter
+    def _pending(self, pending: list[tuple[int, ...]]) -> None:
+        self.sampling.pending = pending
+
+    def sample(self) -> None:
+        """Record one snapshot of every thread's Python stack (see Sampling.sample)."""
+        self.sampling.sample()
+
+    def _sample_python(self) -> None:
+        """The pure-Python walker, the C walker's reference (tests run it on stand-ins)."""
+        activity = self._activity  # a stand-in without it has no _pending either
+        sample_python(self.tables, self.counts, self._ident, activity, self._pending if activity is not None else [])
+
+    def _count_pending(self) -> None:
+        pending, self._pending = self._pending, []
+        count_pending(self.tables, self._activity, pending)
 
     @property
     def max_op_s(self) -> float:
@@ -599,10 +641,10 @@ class Agent:
             name, collector = self.collectors.popitem()
             with contextlib.suppress(Exception):
                 self._call(name, collector.close)
-        if self.ticker:
+        if self.sampling.ticker:
             # Before the pipe it writes to closes.
             with contextlib.suppress(Exception):
-                self._tk.ticker_stop()
+                self.sampling.stop_ticker()
         # Closed once: a descriptor number closed twice may by then be the application's.
         fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), -1, -1
         for fd in fds:
@@ -626,29 +668,10 @@ class Agent:
         self._leave(sock)
 
     def _start_ticker(self) -> None:
-        """Sample through the C ticker (see TICKER) or the native sampler, skipping this thread, the sampler."""
-        if not TICKER and self.sampler != "native":
-            return
-        if self.ticker:
-            # A replacement sampler: the running ticker skips the thread given
-            # up. Its queue is drained first (a new start would discard it).
-            with contextlib.suppress(Exception):
-                self._tk.ticker_stop()
-            self._ticker_step(drain=True)
-            self.ticker = False
-        try:
-            self._tk.ticker_start(self._ident, self._wake_w)
-        except Exception as exc:  # e.g. no thread could be started: sample from here
-            self.errors.append(f"ticker unavailable ({exc}); sampling from the agent's thread")
-            if self.sampler == "native":
-                self.sampler, self.sampler_why = "gil", f"the native sampler did not start: {exc}"
-                self._tk = _fast
-                self._hello = None  # it says which sampler runs
-                self._start_ticker()
-        else:
-            self.ticker = True
-            self._ticker_last = self._tk.ticker_stats()
-            self._sync_ticker()
+        sampler = self.sampling.sampler
+        self.sampling.start_ticker(self._wake_w)
+        if self.sampling.sampler != sampler:
+            self._hello = None  # it says which sampler runs
 
     def _serve(self, sock: zmq.Socket[Any]) -> None:
         """The sampler's loop, until the agent stops."""
@@ -657,8 +680,8 @@ class Agent:
         poller.register(self._wake_r, zmq.POLLIN)
         lifeline_fd = self._tie_to_monitor(poller)
         now = self.clock()
-        next_sample = now + (TICKER_EARLY_DRAIN_S if self.ticker else self._jitter(self.sample_delay_s))
-        early_drains = 0
+        sampling = self.sampling
+        sampling.begin(now)
         # The first report within a second, whatever the budget: the views show
         # the process and the monitor plans with its measured costs. At 0.1%
         # the planned delay is 30 s, and a short run reported nothing until it ended.
@@ -676,39 +699,7 @@ class Agent:
             if now >= next_replan or (self._monitor_plan is not None and now >= self._monitor_plan_until):
                 self._replan()
                 next_replan = now + REPLAN_S
-            if self.ticker:
-                # Early on, drain every now and then: the plan waits for
-                # measured costs. Backing off, since each wake-up has its price.
-                early = self._samples_total < TICKER_EARLY_SAMPLES and early_drains < TICKER_EARLY_DRAINS
-                self._ticker_step(drain=early and now >= next_sample)
-                if early and now >= next_sample:
-                    early_drains += 1
-                    # Not before a few samples can have come: at 0.1% a wake-up
-                    # every 0.1 s drained nothing and cost more than sampling.
-                    next_sample = now + max(TICKER_EARLY_DRAIN_S * 2**early_drains, 4 * self.sample_delay_s)
-                elif not early:
-                    next_sample = math.inf
-            elif not self.paused and now >= next_sample:
-                wait = self.guard.wait_needed(now, self.sample_cost_s)
-                if wait > 0:
-                    next_sample = now + wait
-                else:
-                    # How late the sample starts: mostly the wait for the GIL
-                    # behind a busy thread, which caps how often we can sample.
-                    self.sample_lag_s += EWMA_ALPHA * (now - next_sample - self.sample_lag_s)
-                    t0 = _cost_clock()
-                    self.sample()
-                    spent = _cost_clock() - t0
-                    self.ledger.charge("sample", spent)
-                    self.ledger.operation(spent)
-                    # A plain mean over the first samples, then a moving average:
-                    # the plan follows real costs within a few samples of start.
-                    self._samples_total += 1
-                    alpha = max(EWMA_ALPHA, 1.0 / self._samples_total)
-                    self.sample_cost_s += alpha * (spent - self.sample_cost_s)
-                    if self._samples_total in _EARLY_REPLANS:
-                        self._replan()
-                    next_sample = now + self._jitter(self.sample_delay_s)
+            sampling.run_due(now, self.paused)
             if self.polls.collectors and not self.paused:
                 self.polls.step(now, self.budget)
             detailing = bool(self.bursts.running)
@@ -751,7 +742,7 @@ class Agent:
                 self._boost_until = self.clock() + seconds
                 self._apply_budget(max(raised, self._boost_base))
                 self.mark(f"boost to {100 * self.budget:g}% for {seconds:g} s", "boost")
-                next_sample = min(next_sample, self.clock() + self.sample_delay_s)
+                sampling.hurry(self.clock() + self.sample_delay_s)
             elif self._boost_until is not None and now >= self._boost_until:
                 self._boost_until = None
                 self._apply_budget(self._boost_base)
@@ -761,7 +752,7 @@ class Agent:
                 self._pending_budget = None
                 self._boost_until = None  # the budget the user or the monitor sets now stands
                 self._apply_budget(budget)
-                next_sample = min(next_sample, self.clock() + self.sample_delay_s)
+                sampling.hurry(self.clock() + self.sample_delay_s)
                 # The views should show the new budget soon, not after a report
                 # interval planned for the old one.
                 next_report = min(next_report, self.clock() + self.report_delay_s)
@@ -770,7 +761,7 @@ class Agent:
                 self._pending_pause = None
                 if pause != self.paused:
                     self._apply_pause(pause)
-                    next_sample = math.inf if pause else self.clock() + self._jitter(self.sample_delay_s)
+                    sampling.next_sample = math.inf if pause else self.clock() + self._jitter(self.sample_delay_s)
                     # The views should say so within a second.
                     next_report = min(next_report, self.clock() + MIN_REPORT_DELAY_S)
             if self._pending_reset:
@@ -780,7 +771,7 @@ class Agent:
                 self.mark("reset", "reset")
                 next_report = min(next_report, self.clock() + MIN_REPORT_DELAY_S)
             wake = min(
-                next_sample,
+                sampling.next_due(),
                 next_report,
                 self.bursts.next_due() if not self.paused else math.inf,
                 self._boost_until if self._boost_until is not None else math.inf,
@@ -792,7 +783,7 @@ class Agent:
             # Round up: a sub-millisecond wait truncated to poll(0) would make
             # this loop spin, taking the GIL from the application each time.
             rest = _cost_clock() - awake_from - self.ledger.accounted_s
-            if self.ticker:
+            if sampling.ticker:
                 # This wake-up took the GIL too. Behind a busy thread that is a
                 # hand-off: the thread waits for this one to wake up and for
                 # itself to wake up again, each about as long as the ticker's
@@ -800,7 +791,7 @@ class Agent:
                 # of its recent ones: the rest is waiting for a CPU, which the
                 # application would do anyway). Charged as expected: times the
                 # share of ticks that found the GIL held.
-                rest += self._handoff_s
+                rest += sampling.handoff_s
             if rest > 0:
                 self.ledger.wake_cost_s += EWMA_ALPHA * (rest - self.ledger.wake_cost_s)
                 if detailing:
@@ -810,7 +801,7 @@ class Agent:
                     self.ledger.charge("detail", rest)
                 else:
                     self.ledger.charge("wake", rest)
-                    if self.ticker:
+                    if sampling.ticker:
                         # The ticker samples without this loop: what wakes it
                         # is reports, the messages that answer them and the
                         # drains before them. Spread over the samples, those
@@ -853,8 +844,8 @@ class Agent:
 
         Run again by a replacement when a hook hung in it: what was done is not redone.
         """
-        if self.ticker:
-            self._tk.ticker_stop()
+        if self.sampling.ticker:
+            self.sampling.stop_ticker()
         for name in list(self.bursts.running):
             self.bursts.stop(name, self.clock())
         if not self._hello_sent:
@@ -873,9 +864,7 @@ class Agent:
             self._send(sock, protocol.BYE, {"agent": self.agent_id, "reason": self._bye_reason})
 
     def _jitter(self, mean: float, spread: float = 0.25) -> float:
-        # A gaussian around the planned mean so samples never lock step with a
-        # periodic application (DYPER section 4).
-        return max(mean * 0.1, self._rng.gauss(mean, mean * spread))
+        return jitter(self._rng, mean, spread)
 
     def _apply_budget(self, budget: float) -> None:
         budget = self._under_ceiling(budget)
@@ -899,20 +888,17 @@ class Agent:
         now = self.clock()
         if pause:
             self.bursts.stop_all(now)
-            if self.ticker:
-                self._ticker_step(drain=True)  # the samples taken before the pause are kept
-                self._tk.ticker_stop()
-                self.ticker = False
-                self._ticker_paused = True
+            self.sampling.pause()
             self.paused = True
             self._pause_collectors(True)
             self.mark("pause", "pause")
         else:
             self.paused = False
             self._pause_collectors(False)
-            if self._ticker_paused:
-                self._ticker_paused = False
-                self._start_ticker()
+            sampler = self.sampling.sampler
+            self.sampling.resume(self._wake_w)
+            if self.sampling.sampler != sampler:
+                self._hello = None  # it says which sampler runs
             self.bursts.look_now()
             self.mark("resume", "resume")
 
@@ -942,12 +928,12 @@ class Agent:
         self.plan = plan(
             self.budget - polls,
             # With the ticker the loop's wake-ups are spread over the samples
-            # each drain brings (_undrained_s), already in sample_cost_s.
-            self.sample_cost_s + (0.0 if self.ticker else self.ledger.wake_cost_s),
+            # each drain brings (Sampling._undrained_s), already in sample_cost_s.
+            self.sampling.sample_cost_s + (0.0 if self.sampling.ticker else self.ledger.wake_cost_s),
             self.report_cost_s,
             self.bursts.fitted_costs(),
-            self.sample_lag_s,
-            MIN_SAMPLE_DELAY_S if self.ticker else MIN_THREAD_SAMPLE_DELAY_S,
+            self.sampling.sample_lag_s,
+            MIN_SAMPLE_DELAY_S if self.sampling.ticker else MIN_THREAD_SAMPLE_DELAY_S,
         )
         sample, report = self.plan.sample_delay_s, self.plan.report_delay_s
         theirs = self._monitor_plan if now < self._monitor_plan_until else None
@@ -979,81 +965,8 @@ class Agent:
                     now,
                 )
         self.sample_delay_s, self.report_delay_s = sample, report
-        if self.ticker:
-            self._sync_ticker()
-
-    # --- sampling through the ticker ------------------------------------------------
-
-    @property
-    def samples_taken(self) -> int:
-        """Samples taken so far, those still in the ticker's queue included."""
-        queued = self._tk.ticker_stats()["queued"] if self.ticker else 0
-        return self._samples_total + int(queued)
-
-    def _sync_ticker(self) -> None:
-        """Give the ticker the planned delay and the guard's money."""
-        rate = self.guard.rate  # what accrues per second: the budget's share of wall time
-        self._tk.ticker_set(
-            self.sample_delay_s if rate > 0 else 0.0,
-            0.25,
-            rate,
-            self.guard.tokens(self.clock()),
-            rate * self.guard.capacity_s,
-        )
-
-    def _ticker_step(self, drain: bool) -> None:
-        """Drain the ticker's queue when asked or long, charge what sampling cost.
-
-        The costs: the snapshots taken in application threads (their CPU
-        time, measured there), the ticker thread's own CPU time (its timer
-        and the samples it takes itself), the GIL hand-offs those cost
-        other threads (estimated by the ticker), and the drains run here.
-        Per-sample cost for planning is all of it, and the loop's wake-ups,
-        over the samples drained.
-        """
-        t0 = _cost_clock()
-        stats = self._tk.ticker_stats()
-        last = self._ticker_last
-        if drain or stats["queued"] >= TICKER_DRAIN_AT or stats["dropped"] > last["dropped"]:
-            if self._activity is None:
-                n = self._tk.ticker_drain(self.counts, self.tables.locs, self.tables.new_loc)
-            else:
-                n = self._tk.ticker_drain(
-                    self.counts,
-                    self.tables.locs,
-                    self.tables.new_loc,
-                    self.tables.waiting,
-                    self._activity,
-                    self._pending,
-                )
-            self._after_samples(n)
-        else:
-            n = 0
-        own = _cost_clock() - t0
-        elsewhere = sum(stats[k] - last[k] for k in ("app_cpu_s", "ticker_cpu_s", "handoff_s"))
-        self._ticker_last = stats
-        self.dropped["samples"] += stats["dropped"] - last["dropped"]
-        if self.sampler == "native":  # its torn and refused reads, counted by why
-            for why, count in self._tk.counters().items():
-                self.dropped[why] = self.dropped.get(why, 0) + count
-        spent = own + elsewhere
-        self.ledger.charge("sample", spent)
-        self.ledger.operation(own)
-        self.sample_lag_s = stats["latency_s"]
-        ticks = stats["ticks"] - last["ticks"]
-        if ticks > 0:
-            busy = (stats["busy_ticks"] - last["busy_ticks"]) / ticks
-            self._handoff_s = busy * 2.0 * stats["latency_floor_s"]
-        self._undrained_s += spent
-        if n > 0:
-            per_sample = self._undrained_s / n
-            self._undrained_s = 0.0
-            self._samples_total += n
-            alpha = max(EWMA_ALPHA * 4, min(1.0, n / self._samples_total))
-            self.sample_cost_s += alpha * (per_sample - self.sample_cost_s)
-            if self._samples_total < TICKER_EARLY_SAMPLES:
-                self._replan()
-        self._sync_ticker()
+        if self.sampling.ticker:
+            self.sampling.sync_ticker()
 
     # --- detailing ----------------------------------------------------------------------
 
@@ -1104,7 +1017,7 @@ class Agent:
             self.collectors[name] = collector
             kind = type(collector)
             if kind.sampled is not Collector.sampled:
-                self._on_sampled.append(collector)
+                self.sampling.subscribers.append(collector)
             if kind.poll is not Collector.poll:
                 self.polls.add(collector, self.clock())
             # The report pass also charges the always-on hooks' cost: a collector with
@@ -1112,7 +1025,7 @@ class Agent:
             if kind.report is not Collector.report or kind.basic_cost_s is not Collector.basic_cost_s:
                 self._on_report.append(collector)
             if collector.WANTS_ACTIVITY:
-                self._activity = [0] * ACTIVITY_SLOTS
+                self.sampling.want_activity()
             if collector.DETAILS:
                 try:
                     kinds = self._call(name, collector.burst_kinds)
@@ -1132,7 +1045,7 @@ class Agent:
     def _switch_off(self, name: str, why: BaseException | str) -> None:
         """A collector raised or hung: it is done for this run; nothing reaches the application."""
         collector = self.collectors.pop(name, None)
-        self._on_sampled = [c for c in self._on_sampled if c is not collector]
+        self.sampling.subscribers = [c for c in self.sampling.subscribers if c is not collector]
         self.polls.forget(name, collector)
         self._on_report = [c for c in self._on_report if c is not collector]
         self.bursts.forget(name)
@@ -1199,42 +1112,10 @@ class Agent:
             self.ledger.charge("hung", cpu_s)
             self.ledger.max_op_s = max(self.ledger.max_op_s, cpu_s)
 
-    # --- sampling (the hot path) --------------------------------------------------
+    # --- the counts' bounds ---------------------------------------------------------
 
-    def sample(self) -> None:
-        """Record one snapshot of every thread's Python stack.
-
-        Runs with the GIL held, so every application thread is paused while
-        it runs: keep it tight. Stacks are recorded leaf first as walked;
-        the monitor reverses them once. The C walker, when it was built,
-        does the same without creating frame objects.
-        """
-        if _fast is not None:
-            if self._activity is None:
-                _fast.sample(self.counts, self.tables.locs, self.tables.new_loc, self._ident)
-            else:
-                _fast.sample(
-                    self.counts,
-                    self.tables.locs,
-                    self.tables.new_loc,
-                    self._ident,
-                    self.tables.waiting,
-                    self._activity,
-                    self._pending,
-                )
-        else:
-            self._sample_python()
-        self._after_samples(1)
-
-    def _after_samples(self, n: int) -> None:
-        self.samples_in_window += n
-        if self._pending:
-            self._count_pending()
-        for collector in self._on_sampled:
-            try:
-                self._call(collector.name, collector.sampled, n, self.counts)
-            except Exception as exc:
-                self._switch_off(collector.name, exc)
+    def _keep_bounded(self) -> None:
+        """After new samples: the counts and the tables stay within their bounds, whatever the monitor does."""
         if len(self.counts) > MAX_PENDING_STACKS:
             # The monitor has been away long enough to fill the table: drop
             # these samples (counted) rather than grow without bound.
@@ -1244,70 +1125,12 @@ class Agent:
         if self.tables.full():
             self._restart_tables()
 
-    def _count_pending(self) -> None:
-        """Decide the new leaves of pending samples, then count those samples' active threads.
-
-        Once per new leaf location, so after the first samples of a run
-        nothing is pending; counting a new leaf as either running or waiting
-        before deciding it would skew the histogram (a run's first drain can
-        hold a second of samples).
-        """
-        activity = self._activity
-        pending, self._pending = self._pending, []
-        if activity is None:
-            return
-        tables = self.tables
-        tables.flag_leaves({loc for leaves in pending for loc in leaves})
-        top = len(activity) - 1
-        for leaves in pending:
-            active = sum(1 for loc in leaves if not tables.waits(loc))
-            activity[min(active, top)] += 1
-
-    def _sample_python(self) -> None:
-        locs = self.tables.locs
-        new_loc = self.tables.new_loc
-        counts = self.counts
-        me = self._ident
-        activity = self._activity
-        waiting = self.tables.waiting
-        leaves: list[int] = []
-        for tid, frame in sys._current_frames().items():
-            if tid == me:
-                continue
-            stack: list[int] = []
-            push = stack.append
-            f: FrameType | None = frame
-            while f is not None:
-                code = f.f_code
-                # One int instead of a tuple: user-space addresses fit in 48
-                # bits, so the instruction offset above them keeps keys unique.
-                key = (f.f_lasti << 48) | id(code)
-                loc = locs.get(key)
-                if loc is None:
-                    loc = new_loc(key, code, f.f_lasti, f.f_lineno)
-                push(loc)
-                f = f.f_back
-            k = (tid, tuple(stack))
-            counts[k] = counts.get(k, 0) + 1
-            if activity is not None and stack:
-                leaves.append(stack[0])
-        if activity is None:
-            return
-        # As the C walker does (agent._fastsample.sample): a sample with an
-        # undecided leaf waits in _pending.
-        n = len(waiting)
-        if any(loc >= n or waiting[loc] == UNDECIDED for loc in leaves):
-            self._pending.append(tuple(leaves))
-        else:
-            active = sum(1 for loc in leaves if waiting[loc] != WAITS)
-            activity[min(active, len(activity) - 1)] += 1
-
     def _restart_tables(self) -> None:
         self.dropped["samples"] += sum(self.counts.values())
         self.counts.clear()
         self._ring.clear(self.clock())  # its counts are of the old epoch
         self.bursts.heat.clear()  # its keys are location ids of the old epoch
-        self._pending.clear()  # so are these
+        self.sampling.pending.clear()  # so are these
         self.tables.restart()
 
     # --- reports and messages ------------------------------------------------------
@@ -1326,8 +1149,8 @@ class Agent:
 
     def _report(self, sock: zmq.Socket[Any], split_at: float | None = None) -> None:
         """Send the window's counts; with ``split_at``, what came before it first, as a report of its own."""
-        if self.ticker:
-            self._ticker_step(drain=True)
+        if self.sampling.ticker:
+            self.sampling.ticker_step(drain=True)
         t0 = _cost_clock()
         now = self.clock()
         if split_at is not None:
@@ -1343,7 +1166,7 @@ class Agent:
                 "costs": dict(self.ledger.window),
                 # what one sample and one report cost, as our own plan has them (the
                 # monitor plans with these: only we know which wake-ups are whose)
-                "unit_costs": {"sample": self.sample_cost_s, "report": self.report_cost_s},
+                "unit_costs": {"sample": self.sampling.sample_cost_s, "report": self.report_cost_s},
                 "spent_s": self.guard.spent_s,
                 "allowed_s": self.guard.allowed_s,
                 "startup_s": self.startup_s,
@@ -1352,7 +1175,7 @@ class Agent:
                 "delays": {
                     "sample": self.sample_delay_s,
                     "report": self.report_delay_s,
-                    "sample_lag": self.sample_lag_s,
+                    "sample_lag": self.sampling.sample_lag_s,
                     **{f"detail.{name}": d for name, d in self.plan.detail_delay_s.items() if not math.isinf(d)},
                 },
                 "dropped": dict(self.dropped),
@@ -1361,7 +1184,7 @@ class Agent:
                 "proflets": self._proflet_states(),
                 "details": self.bursts.done,
                 "paused": self.paused,
-                "sampler": {"name": self.sampler, "why": self.sampler_why},
+                "sampler": {"name": self.sampling.sampler, "why": self.sampling.sampler_why},
             }
         )
         marks = self._unsent_marks
@@ -1489,8 +1312,8 @@ class Agent:
         self._next_check = now + CHECK_S
         if self._hello_sent:
             # Only while reports go: they empty the ring, and a split needs a report to go.
-            if self.ticker:
-                self._ticker_step(drain=True)  # the ring's cut needs this second's samples
+            if self.sampling.ticker:
+                self.sampling.ticker_step(drain=True)  # the ring's cut needs this second's samples
             self._ring.cut(now, self.counts, self.samples_in_window)
         skip = frozenset({self._ident, *(t for t in self._our_threads() if t is not None)})
         fired = self.triggers.check(now, skip)
@@ -1542,7 +1365,7 @@ class Agent:
             window_s=window_s,
             counts=self.counts,
             samples=self.samples_in_window,
-            activity=list(self._activity or ()),
+            activity=list(self.sampling.activity or ()),
             loc_flags=lambda loc: rows[loc][5] if 0 <= loc < len(rows) else 0,
             agent_ident=self._ident,
             code_at=self.tables.location,
@@ -1620,7 +1443,7 @@ class Agent:
             "budget": self.budget,
             "agent_version": AGENT_VERSION,
             "capabilities": sorted({"cpu", *self.collectors}),
-            "sampler": {"name": self.sampler, "why": self.sampler_why},
+            "sampler": {"name": self.sampling.sampler, "why": self.sampling.sampler_why},
         }
         if self.attach_token:
             body["attach_token"] = self.attach_token
@@ -1649,7 +1472,7 @@ class Agent:
             resync = self._on_control(data) or resync
         spent = _cost_clock() - t0
         self.ledger.charge("wake", spent)
-        if self.ticker:
+        if self.sampling.ticker:
             self._report_wakes_s += spent  # the messages answer reports: their price (see _loop)
         if resync:
             self._resync(sock)
