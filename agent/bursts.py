@@ -70,7 +70,7 @@ class Bursts:
     """The detailing proflets' calibrated costs, the scheduler's queue, the bursts in progress.
 
     Its state belongs to the sampler thread; the loop asks :meth:`next_due`
-    and runs :meth:`step` when that time has come.
+    and runs :meth:`run_due` when that time has come.
     """
 
     def __init__(

@@ -15,6 +15,22 @@ Everything here runs in someone's production process, so:
 * no proflet can stall it: a second daemon thread, ``dyper-watchdog``, gives
   up a sampler thread stuck in a collector hook, switches that proflet off
   and starts a replacement sampler thread (see agent.watchdog).
+
+The sampler thread's work is split among subsystems, each owning its state
+and saying when it is next due; :meth:`Agent._serve` is the loop that runs
+what is due and sleeps until the earliest of them:
+
+* :mod:`agent.sampling`: the stack samples (the agent's thread, the C ticker
+  or the native sampler), their subscribers and their measured cost;
+* :mod:`agent.polls`: the collectors' own sampling passes;
+* :mod:`agent.bursts`: detailing, its calibrated costs and its scheduler;
+* :mod:`agent.reports`: the report window, the hello, marks, and sending;
+* :mod:`agent.control`: what the application and the monitor ask for;
+* :mod:`agent.events`: the triggers' checks and the events they fire;
+* :mod:`agent.watchdog`: the hooks in progress and the thread that watches them.
+
+All of them pay through one :class:`agent.ledger.Ledger`. What reads across
+them (the plan, a report's body, pause and budget changes) stays here.
 """
 
 from __future__ import annotations
@@ -24,7 +40,6 @@ import math
 import os
 import random
 import socket
-import sys
 import threading
 import time
 import uuid
@@ -36,9 +51,6 @@ import zmq
 
 from dyper.agent import protocol
 from dyper.agent.budget import (
-    MAX_DETAIL_DELAY_S,
-    MAX_REPORT_DELAY_S,
-    MAX_SAMPLE_DELAY_S,
     MIN_REPORT_DELAY_S,
     MIN_SAMPLE_DELAY_S,
     MIN_THREAD_SAMPLE_DELAY_S,
@@ -49,24 +61,28 @@ from dyper.agent.budget import (
 )
 from dyper.agent.bursts import BURST_SLACK_S as BURST_SLACK_S  # tests read it here
 from dyper.agent.bursts import Burst, Bursts
+from dyper.agent.control import CONTROL_BATCH, Control
+from dyper.agent.control import RESYNC_MIN_S as RESYNC_MIN_S  # tests read it here
+from dyper.agent.events import Events
 from dyper.agent.ledger import EWMA_ALPHA, Clock, Ledger, fresh_window
 from dyper.agent.ledger import cost_clock as _cost_clock
 from dyper.agent.lifeline import Lifeline
 from dyper.agent.polls import Polls
 from dyper.agent.proflet import Collector, ReportContext
+from dyper.agent.reports import MAX_PENDING_MARKS, Reports, hello_body
 from dyper.agent.sampling import TICKER_DRAIN_AT as TICKER_DRAIN_AT  # tests read it here
 from dyper.agent.sampling import Sampling, count_pending, fast, jitter, sample_python
 from dyper.agent.schedule import DetailScheduler
 from dyper.agent.tables import Tables, forget_decoded
-from dyper.agent.triggers import CHECK_S, DEFAULT_RAISED_MAX, Fired, Ring, Triggers, TriggerSpec
+from dyper.agent.triggers import DEFAULT_RAISED_MAX, Fired, Triggers, TriggerSpec
 from dyper.agent.watchdog import (
     HUNG_THREAD_NAME,
-    WATCHDOG_NAME,
     Abandoned,
     HookCall,
     Watchdog,
     interrupt,
     name_os_thread,
+    our_threads,
     thread_cpu_s,
 )
 from dyper.agent.watchdog import (
@@ -77,7 +93,6 @@ from dyper.agent.watchdog import (
 _fast: Any = fast
 
 THREAD_NAME: Final = "dyper-sampler"
-AGENT_VERSION: Final = "0.1.0"
 
 #: Distinct (thread, stack) entries kept while reports cannot be sent. A busy
 #: service has a few thousand; past this we drop samples and count them.
@@ -93,30 +108,8 @@ CLOSE_LINGER_MS: Final = 400
 #: the connection (at most CLOSE_LINGER_MS) so that its hello, counts and bye get out.
 SHORT_LIFE_S: Final = 1.0
 
-#: Starting guess until the first measurements come in; deliberately high so
-#: the first plan errs on the side of spending less (a sample's: agent.sampling).
-INITIAL_REPORT_COST_S: Final = 2e-3
 #: How often the plan follows the measured costs, monitor or not.
 REPLAN_S: Final = 1.0
-#: How often to retry the hello while no monitor has accepted the connection.
-HELLO_RETRY_S: Final = 0.5
-#: The first retry, doubling up to HELLO_RETRY_S, each with a wake-up of its
-#: own: the first hello usually goes before the connection is up, and
-#: waiting for the next sample or report to retry kept a just-attached agent
-#: unknown to the monitor for 0.5 to 1 s. Later retries ride on the loop's
-#: other wake-ups, so no monitor at all costs no extra wake-ups.
-HELLO_FIRST_RETRY_S: Final = 0.01
-#: The monitor's timings hold this long after its last plan, or for this many
-#: report intervals if that is longer; past it the agent schedules on its own
-#: (the monitor answers every report with a plan, so only a monitor that is
-#: gone or stuck lets it lapse).
-MONITOR_PLAN_TTL_S: Final = 5.0
-MONITOR_PLAN_TTL_REPORTS: Final = 2.5
-#: Messages from the monitor taken per wake-up: a flood cannot keep the loop from sampling.
-CONTROL_BATCH: Final = 64
-#: A monitor that restarted asks once a second (monitor.server.RESYNC_INTERVAL_S);
-#: more often than this, the full tables are not sent again.
-RESYNC_MIN_S: Final = 1.0
 #: Proflets whose collectors run by default: cpu detailing and tasks. The
 #: others are named (DYPER_PROFLETS=cpu,threads,timing, ``proflets=(...)``,
 #: or "all" for every registered one, :mod:`proflets`): with threads and
@@ -129,32 +122,6 @@ RESYNC_MIN_S: Final = 1.0
 #: proflet (asyncio) runs everywhere: without asyncio it looks once every 2 s,
 #: for nothing else.
 DEFAULT_PROFLETS: Final = ("cpu", "tasks")
-#: Marks (agent.mark, pause, resume, reset, boost) kept for the next report; older ones are dropped and counted.
-MAX_PENDING_MARKS: Final = 256
-#: While paused, reports (which tell the monitor the agent is alive and paused) go at most this often.
-PAUSED_REPORT_S: Final = 10.0
-
-
-def _process_start_time() -> float:
-    """Creation time of this process in seconds since the epoch (Linux /proc)."""
-    try:
-        with open("/proc/self/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        start_ticks = int(fields[19])
-        with open("/proc/stat", "rb") as f:
-            btime = next(int(line.split()[1]) for line in f if line.startswith(b"btime"))
-        return round(btime + start_ticks / os.sysconf("SC_CLK_TCK"), 2)
-    except (OSError, ValueError, IndexError, StopIteration):
-        return round(time.time(), 2)
-
-
-def _argv() -> list[str]:
-    try:
-        with open("/proc/self/cmdline", "rb") as f:
-            parts = f.read().split(b"\0")
-        return [p.decode(errors="replace") for p in parts if p]
-    except OSError:
-        return list(sys.argv)
 
 
 def _load_collectors(names: tuple[str | Collector, ...] | None, off: dict[str, str]) -> dict[str, Collector]:
@@ -219,26 +186,9 @@ class Agent:
         self._lifeline: Lifeline | None = None
         #: CURVE: (monitor's public key, our public key, our secret key), z85; None: no encryption
         self.curve = curve
-        self._pending_budget: float | None = None
-        #: pause (True) or resume (False) asked for, applied by the sampler thread
-        self._pending_pause: bool | None = None
-        #: statistics start afresh: the sampler sends what it has, then a reset mark
-        self._pending_reset = False
-        #: (budget, seconds) of a boost asked for (see boost)
-        self._pending_boost: tuple[float, float] | None = None
-        #: while a boost runs: when it ends, and the budget it returns to
-        self._boost_until: float | None = None
-        self._boost_base = budget
-        #: no samples, no bursts, no ticker: only a report now and then (see PAUSED_REPORT_S)
+        #: no samples, no bursts, no ticker: only a report now and then (see reports.PAUSED_REPORT_S)
         self.paused = False
-        #: [wall time, name, kind] from any thread, for the next report; kind is mark, pause, resume,
-        #: reset or boost. A deque: append and popleft are atomic, so a mark made while the sampler
-        #: drains is never lost, and the oldest go first past the limit.
-        self._marks: deque[list[Any]] = deque(maxlen=MAX_PENDING_MARKS)
-        #: marks drained into a report that could not go (the sampler's own)
-        self._unsent_marks: list[list[Any]] = []
         self.endpoint = endpoint
-        self.budget = budget
         self.ceiling = ceiling
         self.attach_token = attach_token
         self.clock = clock
@@ -247,7 +197,6 @@ class Agent:
         self.tables = Tables()
         #: (thread ident, stack of location ids, leaf first) -> samples
         self.counts: dict[tuple[int, tuple[int, ...]], int] = {}
-        self.seq = 0
         self.errors: list[str] = []
         self.dropped: dict[str, int] = {"reports": 0, "samples": 0, "bad_messages": 0, "marks": 0}
         self._rng = random.Random()
@@ -271,7 +220,6 @@ class Agent:
             give_up=self._give_up,
         )
         self._call = self.watchdog.call
-        self.report_cost_s = INITIAL_REPORT_COST_S
         now = clock()
         self.ledger = Ledger(Guard(budget, now), clock)
         self.guard = self.ledger.guard
@@ -289,11 +237,23 @@ class Agent:
             ident=lambda: self._ident,
             bounded=self._keep_bounded,
         )
-        self.plan: Plan = plan(budget, self.sampling.sample_cost_s, self.report_cost_s)
-        self._window_start = now
+        #: reports and the hello (agent.reports): when each is due, what they carry, what they cost
+        self.reports = Reports(
+            self.ledger,
+            self._call,
+            self._switch_off,
+            agent_id=self.agent_id,
+            tables=self.tables,
+            errors=self.errors,
+            dropped=self.dropped,
+            rng=self._rng,
+            hello_body=self._hello_body,
+            budget=lambda: self.budget,
+            restart_tables=self._restart_tables,
+            window_start=now,
+        )
+        self.plan: Plan = plan(budget, self.sampling.sample_cost_s, self.reports.cost_s)
         self._bye_reason = "stop"
-        self._hello_sent = False
-        self._hello: protocol.Hello | None = None
         # Proflets. Collectors are built on the sampler thread, at start.
         self._proflet_names = proflets
         #: every running collector
@@ -302,10 +262,6 @@ class Agent:
         self._paths: dict[str, str] = {}
         #: collectors with their own sampling passes (Collector.poll)
         self.polls = Polls(self.ledger, self._call, self._switch_off, self._replan)
-        #: those whose report hook (or basic_cost_s) is overridden (only those are called)
-        self._on_report: list[Collector] = []
-        #: per collector: its basic_cost_s() already charged
-        self._basic_charged: dict[str, float] = {}
         #: CPU seconds of one-time start-up work on the sampler thread (loading the proflets)
         self.startup_s = 0.0
         #: the collectors load_proflets() built, until the sampler hooks them up
@@ -324,35 +280,37 @@ class Agent:
             tables=self.tables,
             rng=self._rng,
         )
-        #: the monitor's last timings and until when they hold
-        self._monitor_plan: dict[str, Any] | None = None
-        self._monitor_plan_until = -math.inf
-        #: the monitor has sent a detailing request under its current plan
-        self._monitor_requests = False
-        #: no resync is served before this (see _resync)
-        self._resync_after = -math.inf
+        #: what the application and the monitor ask for (agent.control), the budget in force included
+        self.control = Control(
+            self.bursts,
+            clock=clock,
+            budget=budget,
+            ceiling=ceiling,
+            report_delay_s=lambda: self.report_delay_s,
+            replan=self._replan,
+            detach=self._detach,
+            dropped=self.dropped,
+        )
         #: delays in force: the local plan's, or the monitor's where they spend less
         self.sample_delay_s = self.plan.sample_delay_s
         self.report_delay_s = self.plan.report_delay_s
-        #: the loop's wake-ups since the last report, with the ticker part of a report's cost
-        self._report_wakes_s = 0.0
         self._sock: zmq.Socket[Any] | None = None
         self._collectors_started = False
         self._closing = False
         #: the watchdog has given a sampler thread up and its replacement has not started yet
         self._handing_over = False
-        # Triggers (agent.triggers): checked by the sampler once a second while any are set.
-        self.triggers: Triggers | None = Triggers(triggers, clock) if triggers else None
-        #: (spec, predicate) added from any thread (agent.trigger), for the sampler to take
-        self._new_triggers: deque[tuple[TriggerSpec, Callable[[], object] | None]] = deque()
-        self._next_check = -math.inf if triggers else math.inf
-        self._ring = Ring()
-        if triggers:
-            self._ring.resize(max(spec.before_s for spec in triggers))
-        #: events fired, for the next report (the sampler's own)
-        self._events: list[protocol.TriggerEvent] = []
-        #: when the latest event's "after" ends: a report goes then, so its window ends there
-        self._event_end: float | None = None
+        # Triggers (agent.events): checked by the sampler once a second while any are set.
+        self.events = Events(triggers, clock, self.errors)
+
+    @property
+    def budget(self) -> float:
+        """The budget in force (a boost's while one runs), under the ceiling."""
+        return self.control.budget
+
+    @property
+    def triggers(self) -> Triggers | None:
+        """The triggers set, if any (agent.triggers)."""
+        return self.events.triggers
 
     # --- control, from any thread ---------------------------------------------------
 
@@ -372,128 +330,6 @@ class Agent:
         if watched:
             # Only collectors' hooks can hang the sampler: without them, no watchdog.
             self.watchdog.start()
-
-    # --- what tests and bench scripts read of the subsystems -----------------------
-
-    @property
-    def proflet_costs(self) -> dict[str, ProfletCosts]:
-        """Calibrated costs per detailing proflet (see Bursts)."""
-        return self.bursts.proflet_costs
-
-    @property
-    def kind_costs(self) -> dict[str, dict[str, ProfletCosts]]:
-        return self.bursts.kind_costs
-
-    @property
-    def scheduler(self) -> DetailScheduler:
-        return self.bursts.scheduler
-
-    @property
-    def bursts_total(self) -> int:
-        return self.bursts.bursts_total
-
-    @property
-    def _bursts(self) -> dict[str, Burst]:
-        return self.bursts.running
-
-    @property
-    def _details_done(self) -> list[dict[str, Any]]:
-        return self.bursts.done
-
-    def _detail_step(self, now: float) -> None:
-        self.bursts.step(now)
-
-    def _burst_costs(self, name: str, kind: str) -> ProfletCosts:
-        return self.bursts.costs_of(name, kind)
-
-    def _burst_price_s(self, name: str) -> float:
-        return self.bursts.price_s(name)
-
-    @property
-    def sampler(self) -> str:
-        """Which sampler takes the stack samples, "native" or "gil" (see Sampling.sampler)."""
-        return self.sampling.sampler
-
-    @property
-    def sampler_why(self) -> str:
-        return self.sampling.sampler_why
-
-    @property
-    def ticker(self) -> bool:
-        return self.sampling.ticker
-
-    @property
-    def _tk(self) -> Any:
-        return self.sampling.tk
-
-    @property
-    def samples_taken(self) -> int:
-        """Samples taken so far, those still in the ticker's queue included."""
-        return self.sampling.samples_taken
-
-    @property
-    def _samples_total(self) -> int:
-        return self.sampling.samples_total
-
-    @property
-    def sample_cost_s(self) -> float:
-        return self.sampling.sample_cost_s
-
-    @property
-    def sample_lag_s(self) -> float:
-        return self.sampling.sample_lag_s
-
-    @property
-    def sample_delay_s(self) -> float:
-        """The mean delay between samples in force: the local plan's, or the monitor's where it spends less."""
-        return self.sampling.delay_s
-
-    @sample_delay_s.setter
-    def sample_delay_s(self, delay: float) -> None:
-        self.sampling.delay_s = delay
-
-    @property
-    def samples_in_window(self) -> int:
-        return self.sampling.samples_in_window
-
-    @samples_in_window.setter
-    def samples_in_window(self, n: int) -> None:
-        self.sampling.samples_in_window = n
-
-    @property
-    def _activity(self) -> list[int] | None:
-        return self.sampling.activity
-
-    @property
-    def _pending(self) -> list[tuple[int, ...]]:
-        return self.sampling.pending
-
-    @_pending.setter
-    def _pending(self, pending: list[tuple[int, ...]]) -> None:
-        self.sampling.pending = pending
-
-    def sample(self) -> None:
-        """Record one snapshot of every thread's Python stack (see Sampling.sample)."""
-        self.sampling.sample()
-
-    def _sample_python(self) -> None:
-        """The pure-Python walker, the C walker's reference (tests run it on stand-ins)."""
-        activity = self._activity  # a stand-in without it has no _pending either
-        sample_python(self.tables, self.counts, self._ident, activity, self._pending if activity is not None else [])
-
-    def _count_pending(self) -> None:
-        pending, self._pending = self._pending, []
-        count_pending(self.tables, self._activity, pending)
-
-    @property
-    def max_op_s(self) -> float:
-        """The costliest single operation so far (see Ledger.max_op_s)."""
-        return self.ledger.max_op_s
-
-    @property
-    def wake_cost_s(self) -> float:
-        """The loop's own GIL-held time per wake-up, beyond the operations it runs."""
-        return self.ledger.wake_cost_s
 
     @property
     def alive(self) -> bool:
@@ -525,7 +361,7 @@ class Agent:
 
     def set_budget(self, budget: float) -> None:
         # Read by the sampler thread at its next wake-up; a float store is atomic.
-        self._pending_budget = budget
+        self.control.pending_budget = budget
         self._wake()
 
     def _wake(self) -> None:
@@ -534,25 +370,23 @@ class Agent:
 
     def mark(self, name: str, kind: str = "mark") -> None:
         """Put a labelled point on the timeline: it goes with the next report."""
-        if len(self._marks) == MAX_PENDING_MARKS:
-            self.dropped["marks"] += 1  # the deque drops the oldest
-        self._marks.append([time.time(), str(name)[: protocol.MAX_MARK_CHARS], kind])
-        triggers = self.triggers
+        self.reports.mark(name, kind)
+        triggers = self.events.triggers
         if kind == "mark" and triggers is not None and triggers.wants_marks:
             triggers.marked(str(name))
 
     def add_trigger(self, spec: TriggerSpec, predicate: Callable[[], object] | None = None) -> None:
         """Check ``spec`` from now on (a predicate trigger calls ``predicate``); the sampler takes it up."""
-        self._new_triggers.append((spec, predicate))
+        self.events.new.append((spec, predicate))
         self._wake()
 
     def pause(self) -> None:
         """Stop sampling and detailing until :meth:`resume`; the agent stays attached."""
-        self._pending_pause = True
+        self.control.pending_pause = True
         self._wake()
 
     def resume(self) -> None:
-        self._pending_pause = False
+        self.control.pending_pause = False
         self._wake()
 
     def boost(self, budget: float, seconds: float) -> None:
@@ -561,12 +395,12 @@ class Agent:
         A boost never lowers the budget; another boost extends the running one
         from now; a budget change (set_budget, the monitor) ends it.
         """
-        self._pending_boost = (budget, seconds)
+        self.control.pending_boost = (budget, seconds)
         self._wake()
 
     def reset(self) -> None:
         """Start the statistics afresh: the monitor's whole-run profile begins here (its history keeps the old)."""
-        self._pending_reset = True
+        self.control.pending_reset = True
         self._wake()
 
     # --- the sampler thread ---------------------------------------------------------
@@ -619,7 +453,7 @@ class Agent:
         self.errors.append(f"agent stopped by {type(exc).__name__}: {exc}")
         if sock is not None and not self._closing:
             with contextlib.suppress(Exception):
-                self._send(sock, protocol.ERROR, {"agent": self.agent_id, "message": self.errors[-1]})
+                self.reports.send(sock, protocol.ERROR, {"agent": self.agent_id, "message": self.errors[-1]})
 
     def _finish(self, ctx: zmq.Context[Any] | None, sock: zmq.Socket[Any] | None) -> None:
         """Leave nothing behind. Run again by a replacement when a collector's close() hung in it."""
@@ -662,7 +496,7 @@ class Agent:
     def _loop(self, sock: zmq.Socket[Any]) -> None:
         self._sock = sock
         self._start_collectors()
-        self._hello_sent = self._send_hello(sock)
+        self.reports.hello_sent = self.reports.send_hello(sock)
         self._start_ticker()
         self._serve(sock)
         self._leave(sock)
@@ -671,23 +505,18 @@ class Agent:
         sampler = self.sampling.sampler
         self.sampling.start_ticker(self._wake_w)
         if self.sampling.sampler != sampler:
-            self._hello = None  # it says which sampler runs
+            self.reports.hello = None  # it says which sampler runs
 
     def _serve(self, sock: zmq.Socket[Any]) -> None:
-        """The sampler's loop, until the agent stops."""
+        """The sampler's loop, until the agent stops: run what is due, then sleep until the next thing is."""
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(self._wake_r, zmq.POLLIN)
         lifeline_fd = self._tie_to_monitor(poller)
+        sampling, reports, events = self.sampling, self.reports, self.events
         now = self.clock()
-        sampling = self.sampling
         sampling.begin(now)
-        # The first report within a second, whatever the budget: the views show
-        # the process and the monitor plans with its measured costs. At 0.1%
-        # the planned delay is 30 s, and a short run reported nothing until it ended.
-        next_report = now + min(self.report_delay_s, MIN_REPORT_DELAY_S)
-        hello_wait = HELLO_FIRST_RETRY_S
-        next_hello = now + hello_wait
+        reports.begin(now)
         next_replan = now + REPLAN_S
         while not self._stopping.is_set():
             # Everything the sampler does between two polls holds the GIL and
@@ -696,118 +525,38 @@ class Agent:
             awake_from = _cost_clock()
             self.ledger.accounted_s = 0.0
             now = self.clock()
-            if now >= next_replan or (self._monitor_plan is not None and now >= self._monitor_plan_until):
+            if now >= next_replan or self.control.expired(now):
                 self._replan()
                 next_replan = now + REPLAN_S
             sampling.run_due(now, self.paused)
             if self.polls.collectors and not self.paused:
-                self.polls.step(now, self.budget)
+                self.polls.run_due(now, self.budget)
             detailing = bool(self.bursts.running)
             if not self.paused and now >= self.bursts.next_due():
                 self.bursts.run_due()
                 detailing = True
-            if self._new_triggers:
-                self._take_new_triggers(now)
-            if self.triggers is not None and not self.paused and now >= self._next_check:
+            if events.new:
+                events.take_new(now)
+            if events.check_due(now, self.paused):
                 try:
                     self._check_triggers(sock, now)
                 except Exception as exc:  # a bug here must not take sampling down with it
-                    self.triggers = None
-                    self._next_check = math.inf
-                    self.errors.append(f"triggers: {type(exc).__name__}: {exc}; switched off")
-            if self._event_end is not None and now >= self._event_end:
-                self._event_end = None
-                next_report = now  # the event's window ends with this report
-            if not self._hello_sent and now >= next_hello:
-                # Until the connection is up the hello cannot go; reports wait
-                # for it, their counts keep accumulating meanwhile.
-                self._hello_sent = self._send_hello(sock)
-                hello_wait = min(2 * hello_wait, HELLO_RETRY_S)
-                next_hello = now + hello_wait
-            if now >= next_report:
+                    events.switch_off(exc)
+            if events.ended(now):
+                reports.due_now(now)  # the event's window ends with this report
+            if reports.hello_due(now):
+                reports.retry_hello(sock, now)
+            if reports.report_due(now):
                 if self._lifeline is not None and self._lifeline.fd is None and self._lifeline.gone():
                     self._monitor_gone()  # no pidfd to poll: asked here
-                if self._hello_sent:
+                if reports.hello_sent:
                     self._report(sock)
-                # Rescheduled even when no report could go (no monitor yet),
-                # or the loop would wake at once, again and again.
-                delay = max(self.report_delay_s, PAUSED_REPORT_S) if self.paused else self.report_delay_s
-                next_report = self.clock() + self._jitter(delay, spread=0.1)
-            boost = self._pending_boost
-            if boost is not None:
-                self._pending_boost = None
-                raised, seconds = boost
-                if self._boost_until is None:
-                    self._boost_base = self.budget
-                self._boost_until = self.clock() + seconds
-                self._apply_budget(max(raised, self._boost_base))
-                self.mark(f"boost to {100 * self.budget:g}% for {seconds:g} s", "boost")
-                sampling.hurry(self.clock() + self.sample_delay_s)
-            elif self._boost_until is not None and now >= self._boost_until:
-                self._boost_until = None
-                self._apply_budget(self._boost_base)
-                self.mark(f"boost over: back to {100 * self.budget:g}%", "boost")
-            budget = self._pending_budget
-            if budget is not None:
-                self._pending_budget = None
-                self._boost_until = None  # the budget the user or the monitor sets now stands
-                self._apply_budget(budget)
-                sampling.hurry(self.clock() + self.sample_delay_s)
-                # The views should show the new budget soon, not after a report
-                # interval planned for the old one.
-                next_report = min(next_report, self.clock() + self.report_delay_s)
-            pause = self._pending_pause
-            if pause is not None:
-                self._pending_pause = None
-                if pause != self.paused:
-                    self._apply_pause(pause)
-                    sampling.next_sample = math.inf if pause else self.clock() + self._jitter(self.sample_delay_s)
-                    # The views should say so within a second.
-                    next_report = min(next_report, self.clock() + MIN_REPORT_DELAY_S)
-            if self._pending_reset:
-                self._pending_reset = False
-                if self._hello_sent:
-                    self._report(sock)  # what came before the reset goes in the old statistics
-                self.mark("reset", "reset")
-                next_report = min(next_report, self.clock() + MIN_REPORT_DELAY_S)
-            wake = min(
-                sampling.next_due(),
-                next_report,
-                self.bursts.next_due() if not self.paused else math.inf,
-                self._boost_until if self._boost_until is not None else math.inf,
-                self.polls.next_due() if not self.paused else math.inf,
-                self._next_check if self.triggers is not None and not self.paused else math.inf,
-                self._event_end if self._event_end is not None else math.inf,
-                next_hello if not self._hello_sent and hello_wait < HELLO_RETRY_S else math.inf,
-            )
+                reports.reschedule(self.paused)
+            self._take_requests(sock, now)
+            wake = self._next_due()
+            self._charge_wake(awake_from, detailing)
             # Round up: a sub-millisecond wait truncated to poll(0) would make
             # this loop spin, taking the GIL from the application each time.
-            rest = _cost_clock() - awake_from - self.ledger.accounted_s
-            if sampling.ticker:
-                # This wake-up took the GIL too. Behind a busy thread that is a
-                # hand-off: the thread waits for this one to wake up and for
-                # itself to wake up again, each about as long as the ticker's
-                # measured wake-up lateness on an otherwise idle CPU (the least
-                # of its recent ones: the rest is waiting for a CPU, which the
-                # application would do anyway). Charged as expected: times the
-                # share of ticks that found the GIL held.
-                rest += sampling.handoff_s
-            if rest > 0:
-                self.ledger.wake_cost_s += EWMA_ALPHA * (rest - self.ledger.wake_cost_s)
-                if detailing:
-                    # Detailing's wake-ups (its ticks, starts and ends) are in
-                    # a burst's price: spread over the samples they would make
-                    # sampling look several times dearer at a low budget.
-                    self.ledger.charge("detail", rest)
-                else:
-                    self.ledger.charge("wake", rest)
-                    if sampling.ticker:
-                        # The ticker samples without this loop: what wakes it
-                        # is reports, the messages that answer them and the
-                        # drains before them. Spread over the samples, those
-                        # made sampling at 0.1% look five times dearer (one
-                        # sample every 2 s); they are the reports' price.
-                        self._report_wakes_s += rest
             remaining_ms = (wake - self.clock()) * 1000.0
             timeout_ms = math.ceil(remaining_ms) if remaining_ms > 0 else 0
             for item, _ in poller.poll(timeout_ms):
@@ -818,6 +567,84 @@ class Agent:
                     self._monitor_gone()
                 else:
                     self._receive(sock)
+
+    def _next_due(self) -> float:
+        """When the loop must wake next: the earliest of what each subsystem says (paused, only what still runs)."""
+        paused = self.paused
+        return min(
+            self.sampling.next_due(),
+            self.reports.next_due(),
+            self.bursts.next_due() if not paused else math.inf,
+            self.control.next_due(),
+            self.polls.next_due() if not paused else math.inf,
+            self.events.next_due(paused),
+        )
+
+    def _take_requests(self, sock: zmq.Socket[Any], now: float) -> None:
+        """Apply what the application or the monitor asked for since the last wake-up."""
+        control, sampling, reports = self.control, self.sampling, self.reports
+        boost = control.pending_boost
+        if boost is not None:
+            control.pending_boost = None
+            raised, seconds = boost
+            self._apply_budget(control.boost(self.clock(), raised, seconds))
+            self.mark(f"boost to {100 * self.budget:g}% for {seconds:g} s", "boost")
+            sampling.hurry(self.clock() + self.sample_delay_s)
+        elif control.boost_over(now):
+            self._apply_budget(control.boost_base)
+            self.mark(f"boost over: back to {100 * self.budget:g}%", "boost")
+        budget = control.pending_budget
+        if budget is not None:
+            control.pending_budget = None
+            control.boost_until = None  # the budget the user or the monitor sets now stands
+            self._apply_budget(budget)
+            sampling.hurry(self.clock() + self.sample_delay_s)
+            # The views should show the new budget soon, not after a report
+            # interval planned for the old one.
+            reports.due_by(self.clock() + self.report_delay_s)
+        pause = control.pending_pause
+        if pause is not None:
+            control.pending_pause = None
+            if pause != self.paused:
+                self._apply_pause(pause)
+                sampling.next_sample = math.inf if pause else self.clock() + self._jitter(self.sample_delay_s)
+                # The views should say so within a second.
+                reports.due_by(self.clock() + MIN_REPORT_DELAY_S)
+        if control.pending_reset:
+            control.pending_reset = False
+            if reports.hello_sent:
+                self._report(sock)  # what came before the reset goes in the old statistics
+            self.mark("reset", "reset")
+            reports.due_by(self.clock() + MIN_REPORT_DELAY_S)
+
+    def _charge_wake(self, awake_from: float, detailing: bool) -> None:
+        """Charge the part of this wake-up no operation accounted for."""
+        rest = _cost_clock() - awake_from - self.ledger.accounted_s
+        if self.sampling.ticker:
+            # This wake-up took the GIL too. Behind a busy thread that is a
+            # hand-off: the thread waits for this one to wake up and for
+            # itself to wake up again, each about as long as the ticker's
+            # measured wake-up lateness on an otherwise idle CPU (the least
+            # of its recent ones: the rest is waiting for a CPU, which the
+            # application would do anyway). Charged as expected: times the
+            # share of ticks that found the GIL held.
+            rest += self.sampling.handoff_s
+        if rest > 0:
+            self.ledger.wake_cost_s += EWMA_ALPHA * (rest - self.ledger.wake_cost_s)
+            if detailing:
+                # Detailing's wake-ups (its ticks, starts and ends) are in
+                # a burst's price: spread over the samples they would make
+                # sampling look several times dearer at a low budget.
+                self.ledger.charge("detail", rest)
+            else:
+                self.ledger.charge("wake", rest)
+                if self.sampling.ticker:
+                    # The ticker samples without this loop: what wakes it
+                    # is reports, the messages that answer them and the
+                    # drains before them. Spread over the samples, those
+                    # made sampling at 0.1% look five times dearer (one
+                    # sample every 2 s); they are the reports' price.
+                    self.reports.wakes_s += rest
 
     def _tie_to_monitor(self, poller: zmq.Poller) -> int | None:
         """Watch a run-scoped monitor's process (see agent.lifeline); the pidfd the poll waits on, if any."""
@@ -848,7 +675,8 @@ class Agent:
             self.sampling.stop_ticker()
         for name in list(self.bursts.running):
             self.bursts.stop(name, self.clock())
-        if not self._hello_sent:
+        reports = self.reports
+        if not reports.hello_sent:
             # A short life (start, then stop at once): the connection may be up only now,
             # or in a moment (on a loaded machine, 20 lives of a few ms each all ended
             # before theirs was). Without a hello the monitor would drop the last counts
@@ -857,24 +685,26 @@ class Agent:
             with contextlib.suppress(Exception):
                 if self._stopping.is_set() and self.clock() - self.guard.started < SHORT_LIFE_S:
                     sock.poll(CLOSE_LINGER_MS, zmq.POLLOUT)
-                self._hello_sent = self._send_hello(sock)
-        if self._hello_sent:
+                reports.hello_sent = reports.send_hello(sock)
+        if reports.hello_sent:
             self._report(sock)
         with contextlib.suppress(Exception):
-            self._send(sock, protocol.BYE, {"agent": self.agent_id, "reason": self._bye_reason})
+            reports.send(sock, protocol.BYE, {"agent": self.agent_id, "reason": self._bye_reason})
+
+    def _detach(self) -> None:
+        """The monitor asked us to leave."""
+        self._bye_reason = "detach"
+        self._stopping.set()
 
     def _jitter(self, mean: float, spread: float = 0.25) -> float:
         return jitter(self._rng, mean, spread)
 
+    # --- the budget, pause and the plan -------------------------------------------------
+
     def _apply_budget(self, budget: float) -> None:
-        budget = self._under_ceiling(budget)
-        if self._monitor_plan is not None and not self._made_for(self._monitor_plan, budget):
-            # The monitor's plan was made for the old budget: at 0.01% its
-            # delays are 5 s and 30 s, and taken where slower than ours they
-            # would hold a raised budget unspent until its next plan.
-            self._monitor_plan = None
+        budget = self.control.under_ceiling(budget)
         lower = budget < self.budget
-        self.budget = budget
+        self.control.budget_changed(budget)
         now = self.clock()
         self.guard.set_budget(budget, now)
         if lower:
@@ -898,7 +728,7 @@ class Agent:
             sampler = self.sampling.sampler
             self.sampling.resume(self._wake_w)
             if self.sampling.sampler != sampler:
-                self._hello = None  # it says which sampler runs
+                self.reports.hello = None  # it says which sampler runs
             self.bursts.look_now()
             self.mark("resume", "resume")
 
@@ -911,14 +741,6 @@ class Agent:
             except Exception as exc:
                 self._switch_off(name, exc)
 
-    def _under_ceiling(self, budget: float) -> float:
-        return min(budget, self.ceiling) if self.ceiling is not None else budget
-
-    def _made_for(self, timings: dict[str, Any], budget: float) -> bool:
-        """Whether the monitor's timings were planned for ``budget`` (one that does not say is taken at its word)."""
-        planned_for = timings.get("budget")
-        return planned_for is None or self._under_ceiling(float(planned_for)) == budget
-
     def _replan(self) -> None:
         now = self.clock()
         # The collectors' own passes pace themselves to a share of the budget:
@@ -930,23 +752,21 @@ class Agent:
             # With the ticker the loop's wake-ups are spread over the samples
             # each drain brings (Sampling._undrained_s), already in sample_cost_s.
             self.sampling.sample_cost_s + (0.0 if self.sampling.ticker else self.ledger.wake_cost_s),
-            self.report_cost_s,
+            self.reports.cost_s,
             self.bursts.fitted_costs(),
             self.sampling.sample_lag_s,
             MIN_SAMPLE_DELAY_S if self.sampling.ticker else MIN_THREAD_SAMPLE_DELAY_S,
         )
         sample, report = self.plan.sample_delay_s, self.plan.report_delay_s
-        theirs = self._monitor_plan if now < self._monitor_plan_until else None
+        theirs = self.control.timings(now)
         if theirs is None:
-            self._monitor_plan = None
-            self._monitor_requests = False
             self.bursts.set_delays(self.plan.detail_delay_s, now)
         else:
             # The monitor decides when to detail (it sends a request per burst);
             # its timings are taken only where they spend no more than ours.
             sample = max(sample, float(theirs.get("sample_delay_s", sample)))
             report = max(report, float(theirs.get("report_delay_s", report)))
-            if self._monitor_requests:
+            if self.control.monitor_requests:
                 self.bursts.set_delays({}, now, look=False)
             else:
                 # Until its first request our own bursts go on, at the slower
@@ -968,7 +788,7 @@ class Agent:
         if self.sampling.ticker:
             self.sampling.sync_ticker()
 
-    # --- detailing ----------------------------------------------------------------------
+    # --- proflets -----------------------------------------------------------------------
 
     def load_proflets(self) -> None:
         """Import the proflets and build their collectors; nothing is hooked yet.
@@ -1023,7 +843,7 @@ class Agent:
             # The report pass also charges the always-on hooks' cost: a collector with
             # hooks but nothing to report must still be in it, or they go uncharged.
             if kind.report is not Collector.report or kind.basic_cost_s is not Collector.basic_cost_s:
-                self._on_report.append(collector)
+                self.reports.collectors.append(collector)
             if collector.WANTS_ACTIVITY:
                 self.sampling.want_activity()
             if collector.DETAILS:
@@ -1034,7 +854,7 @@ class Agent:
                     self._switch_off(name, exc)
                     continue
                 self.bursts.add(name, by_kind)
-        self.bursts.scheduler.queue.allows = {name: self.collectors[name].ALLOWS for name in self.proflet_costs}
+        self.bursts.scheduler.queue.allows = {name: self.collectors[name].ALLOWS for name in self.bursts.proflet_costs}
         # Loading is start-up, like importing the agent itself: one-time
         # imports (tens of ms of CPU), paid once per attach. Charging it to a
         # 1% budget would stop sampling for seconds; it is reported instead
@@ -1047,7 +867,7 @@ class Agent:
         collector = self.collectors.pop(name, None)
         self.sampling.subscribers = [c for c in self.sampling.subscribers if c is not collector]
         self.polls.forget(name, collector)
-        self._on_report = [c for c in self._on_report if c is not collector]
+        self.reports.collectors = [c for c in self.reports.collectors if c is not collector]
         self.bursts.forget(name)
         reason = why if isinstance(why, str) else f"{type(why).__name__}: {why}"
         self.proflets_off[name] = reason
@@ -1121,131 +941,88 @@ class Agent:
             # these samples (counted) rather than grow without bound.
             self.dropped["samples"] += sum(self.counts.values())
             self.counts.clear()
-            self._ring.clear(self.clock())
+            self.events.ring.clear(self.clock())
         if self.tables.full():
             self._restart_tables()
 
     def _restart_tables(self) -> None:
         self.dropped["samples"] += sum(self.counts.values())
         self.counts.clear()
-        self._ring.clear(self.clock())  # its counts are of the old epoch
+        self.events.ring.clear(self.clock())  # its counts are of the old epoch
         self.bursts.heat.clear()  # its keys are location ids of the old epoch
         self.sampling.pending.clear()  # so are these
         self.tables.restart()
 
     # --- reports and messages ------------------------------------------------------
 
-    def _thread_names(self, tids: set[int]) -> list[list[int | str]]:
-        active = threading._active  # type: ignore[attr-defined]  # read-only, no lock needed
-        names: list[list[int | str]] = []
-        for tid in tids:
-            thread = active.get(tid)
-            names.append([tid, thread.name if thread is not None else f"thread-{tid}"])
-        return names
-
-    def _our_threads(self) -> set[int | None]:
-        """The watchdog and threads given up in a hung hook: ours, though the samplers see them."""
-        return {t.ident for t in threading.enumerate() if t.name in (WATCHDOG_NAME, HUNG_THREAD_NAME)}
-
     def _report(self, sock: zmq.Socket[Any], split_at: float | None = None) -> None:
         """Send the window's counts; with ``split_at``, what came before it first, as a report of its own."""
-        if self.sampling.ticker:
-            self.sampling.ticker_step(drain=True)
+        sampling, reports, ledger, guard = self.sampling, self.reports, self.ledger, self.guard
+        if sampling.ticker:
+            sampling.ticker_step(drain=True)
         t0 = _cost_clock()
         now = self.clock()
         if split_at is not None:
             self._send_before(sock, split_at, now)
         watched = self.watchdog.unpaid_s()
         if watched > 0:  # the watchdog's wake-ups since the last report
-            self.ledger.charge("watchdog", watched, now)
-        self.guard.tokens(now)  # brings allowed_s up to now
-        body = self._counts_body(self.counts, self.samples_in_window, time.time(), now - self._window_start)
+            ledger.charge("watchdog", watched, now)
+        guard.tokens(now)  # brings allowed_s up to now
+        body = reports.counts_body(self.counts, sampling.samples_in_window, time.time(), now - reports.window_start)
         body.update(
             {
                 # this window's sampling and earlier reports; this report's own cost goes in the next
-                "costs": dict(self.ledger.window),
+                "costs": dict(ledger.window),
                 # what one sample and one report cost, as our own plan has them (the
                 # monitor plans with these: only we know which wake-ups are whose)
-                "unit_costs": {"sample": self.sampling.sample_cost_s, "report": self.report_cost_s},
-                "spent_s": self.guard.spent_s,
-                "allowed_s": self.guard.allowed_s,
+                "unit_costs": {"sample": sampling.sample_cost_s, "report": reports.cost_s},
+                "spent_s": guard.spent_s,
+                "allowed_s": guard.allowed_s,
                 "startup_s": self.startup_s,
-                "elapsed_s": now - self.guard.started,
+                "elapsed_s": now - guard.started,
                 "budget": self.budget,
                 "delays": {
                     "sample": self.sample_delay_s,
                     "report": self.report_delay_s,
-                    "sample_lag": self.sampling.sample_lag_s,
+                    "sample_lag": sampling.sample_lag_s,
                     **{f"detail.{name}": d for name, d in self.plan.detail_delay_s.items() if not math.isinf(d)},
                 },
                 "dropped": dict(self.dropped),
                 "errors": self.errors[-10:],
-                "mode": "monitor" if self._monitor_plan is not None else "local",
+                "mode": "monitor" if self.control.monitor_plan is not None else "local",
                 "proflets": self._proflet_states(),
                 "details": self.bursts.done,
                 "paused": self.paused,
-                "sampler": {"name": self.sampling.sampler, "why": self.sampling.sampler_why},
+                "sampler": {"name": sampling.sampler, "why": sampling.sampler_why},
             }
         )
-        marks = self._unsent_marks
-        while self._marks:
-            marks.append(self._marks.popleft())
-        del marks[:-MAX_PENDING_MARKS]
+        marks = reports.take_marks()
         if marks:
             body["marks"] = marks
-        if self._events:
-            body["triggers"] = self._events[-MAX_PENDING_MARKS:]
-        if self._on_report:
-            body["data"] = self._collector_data(now - self._window_start)
+        if self.events.fired:
+            body["triggers"] = self.events.fired[-MAX_PENDING_MARKS:]
+        if reports.collectors:
+            body["data"] = reports.collector_data(self._report_context(now - reports.window_start))
             # with the always-on hooks' cost, charged just now: in the ledger's
             # lines and in its total, or the last report's overhead would miss it
-            body["costs"] = dict(self.ledger.window)
-            body["spent_s"] = self.guard.spent_s
-        sent = self._send(sock, protocol.REPORT, body)
-        if sent:
+            body["costs"] = dict(ledger.window)
+            body["spent_s"] = guard.spent_s
+        if reports.send(sock, protocol.REPORT, body):
             self.bursts.cool()
             self.bursts.done = []
-            self.seq += 1
-            self.tables.mark_sent()
+            reports.went(now)
             self.counts.clear()
-            self.samples_in_window = 0
-            self._window_start = now
-            self.ledger.window = fresh_window()
+            sampling.samples_in_window = 0
+            ledger.window = fresh_window()
             self.errors.clear()
-            self._unsent_marks = []
-            self._events = []
-            self._ring.clear(now)
+            reports.marks_went()
+            self.events.fired = []
+            self.events.ring.clear(now)
         else:
             # Keep the counts and marks: they go out with the next report that gets through.
             self.dropped["reports"] += 1
-        spent = _cost_clock() - t0
-        self.ledger.operation(spent)
-        self.ledger.charge("report", spent)
-        self.report_cost_s += EWMA_ALPHA * 4 * (spent + self._report_wakes_s - self.report_cost_s)
-        self._report_wakes_s = 0.0
+        reports.charge(_cost_clock() - t0)
         self._replan()
-
-    def _counts_body(
-        self, counts: dict[tuple[int, tuple[int, ...]], int], samples: int, t: float, window_s: float
-    ) -> protocol.Report:
-        """A report's required part: ``counts`` (less our own threads'), with the table entries they need."""
-        # The samplers skip only the sampler thread: our other threads' stacks are left out here.
-        ours = self._our_threads()
-        kept = [(tid, n, stack) for (tid, stack), n in counts.items() if tid not in ours]
-        self.tables.flag_leaves({stack[0] for _, _, stack in kept if stack})
-        strings, locs = self.tables.unsent()
-        return {
-            "agent": self.agent_id,
-            "seq": self.seq,
-            "epoch": self.tables.epoch,
-            "t": t,
-            "window_s": window_s,
-            "strings": strings,
-            "locs": locs,
-            "stacks": [[tid, n, list(stack)] for tid, n, stack in kept],
-            "samples": samples,
-            "threads": self._thread_names({tid for tid, _, _ in kept}),
-        }
 
     def _send_before(self, sock: zmq.Socket[Any], split_at: float, now: float) -> None:
         """Send what the ring says was counted before ``split_at`` as a report of its own.
@@ -1255,20 +1032,21 @@ class Agent:
         The window's costs are shared by time; proflet data and marks stay with
         the report that follows.
         """
-        part = self._ring.since(split_at, self.counts, self.samples_in_window)
+        sampling, reports = self.sampling, self.reports
+        part = self.events.ring.since(split_at, self.counts, sampling.samples_in_window)
         if part is None:
             return
         boundary, samples_after, after = part
         earlier = {k: v - after.get(k, 0) for k, v in self.counts.items() if v != after.get(k, 0)}
         # The window's costs, shared by time: the monitor's plot of spending would
         # otherwise show the whole window's at the event.
-        share = (boundary - self._window_start) / max(now - self._window_start, 1e-9)
+        share = (boundary - reports.window_start) / max(now - reports.window_start, 1e-9)
         costs = {k: v * share for k, v in self.ledger.window.items()}
-        body = self._counts_body(
+        body = reports.counts_body(
             earlier,
-            self.samples_in_window - samples_after,
+            sampling.samples_in_window - samples_after,
             time.time() - (now - boundary),
-            boundary - self._window_start,
+            boundary - reports.window_start,
         )
         body.update(
             {
@@ -1280,113 +1058,26 @@ class Agent:
                 "paused": self.paused,
             }
         )
-        if self._send(sock, protocol.REPORT, body):
-            self.seq += 1
-            self.tables.mark_sent()
+        if reports.send(sock, protocol.REPORT, body):
+            reports.went(boundary)
             self.counts.clear()
             self.counts.update(after)
-            self.samples_in_window = samples_after
-            self._window_start = boundary
+            sampling.samples_in_window = samples_after
             self.ledger.window = {k: v - costs[k] for k, v in self.ledger.window.items()}
 
-    # --- triggers ------------------------------------------------------------------------
-
-    def _take_new_triggers(self, now: float) -> None:
-        if self.triggers is None:
-            self.triggers = Triggers((), self.clock)
-        while self._new_triggers:
-            spec, predicate = self._new_triggers.popleft()
-            try:
-                self.triggers.add(spec, predicate)
-            except ValueError as exc:
-                self.errors.append(str(exc))
-        self._ring.resize(max(s.spec.before_s for s in self.triggers.states) if self.triggers.states else 0.0)
-        if math.isinf(self._next_check):
-            self._next_check = now
-
-    def _check_triggers(self, sock: zmq.Socket[Any], now: float) -> None:
-        """Cut the ring's slice, evaluate the conditions, fire what holds."""
-        assert self.triggers is not None
-        if self._ring.start is None:
-            self._ring.clear(self._window_start)  # what was counted before the first check is in its window
-        self._next_check = now + CHECK_S
-        if self._hello_sent:
-            # Only while reports go: they empty the ring, and a split needs a report to go.
-            if self.sampling.ticker:
-                self.sampling.ticker_step(drain=True)  # the ring's cut needs this second's samples
-            self._ring.cut(now, self.counts, self.samples_in_window)
-        skip = frozenset({self._ident, *(t for t in self._our_threads() if t is not None)})
-        fired = self.triggers.check(now, skip)
-        if self.triggers.errors:
-            self.errors.extend(self.triggers.errors)
-            self.triggers.errors.clear()
-        if fired:
-            self._fire(sock, fired, now)
-
-    def _raised_budget(self, spec: TriggerSpec) -> float:
-        if spec.budget is not None:
-            return spec.budget
-        if self.ceiling is not None:
-            return self.ceiling
-        return max(self.budget, min(10 * self.budget, DEFAULT_RAISED_MAX))
-
-    def _fire(self, sock: zmq.Socket[Any], fired: list[Fired], now: float) -> None:
-        """An event: split the report at its "before", raise the budget for its "after", detail now."""
-        wall = time.time()
-        before = max(f.spec.before_s for f in fired)
-        after = max(f.spec.after_s for f in fired)
-        raised = self._under_ceiling(max(self._raised_budget(f.spec) for f in fired))
-        for f in fired:
-            self._events.append(
-                {
-                    "t": wall,
-                    "name": f.spec.describe()[: protocol.MAX_MARK_CHARS],
-                    "kind": f.spec.kind,
-                    "why": f.why[: protocol.MAX_MARK_CHARS],
-                    "before_s": before,
-                    "after_s": after,
-                    "budget": max(raised, self.budget),
-                }
-            )
-            self.mark(f"{f.spec.describe()}: {f.why}", "trigger")
-        # Kept for the next report that goes; without a monitor for long, only the newest.
-        del self._events[:-MAX_PENDING_MARKS]
-        if self._hello_sent:
-            self._report(sock, split_at=now - before)
-        # Applied by the loop below, as agent.boost's is; ends the event's higher budget after "after".
-        self._pending_boost = (raised, after)
-        self.bursts.look_now()  # detailing now, not at its planned time
-        end = now + after
-        self._event_end = end if self._event_end is None else max(self._event_end, end)
-
-    def _collector_data(self, window_s: float) -> dict[str, Any]:
+    def _report_context(self, window_s: float) -> ReportContext:
+        """What the collectors' report hooks may read of this window."""
         rows = self.tables.loc_rows
-        ctx = ReportContext(
+        return ReportContext(
             window_s=window_s,
             counts=self.counts,
-            samples=self.samples_in_window,
+            samples=self.sampling.samples_in_window,
             activity=list(self.sampling.activity or ()),
             loc_flags=lambda loc: rows[loc][5] if 0 <= loc < len(rows) else 0,
             agent_ident=self._ident,
             code_at=self.tables.location,
             epoch=self.tables.epoch,
         )
-        data: dict[str, Any] = {}
-        for collector in list(self._on_report):
-            try:
-                out = self._call(collector.name, collector.report, ctx)
-                basic = self._call(collector.name, collector.basic_cost_s)
-            except Exception as exc:
-                self._switch_off(collector.name, exc)
-                continue
-            if out is not None:
-                data[collector.name] = out
-            # Always-on hooks on the application's threads: charged as they grow.
-            grew = basic - self._basic_charged.get(collector.name, 0.0)
-            if grew > 0:
-                self._basic_charged[collector.name] = basic
-                self.ledger.charge("basic", grew)
-        return data
 
     def _proflet_states(self) -> dict[str, protocol.ProfletState]:
         """Per proflet: the calibrated costs the monitor plans with, or why it is off."""
@@ -1404,62 +1095,21 @@ class Agent:
             states[name] = {"off": reason}
         return states
 
-    def _send(
-        self,
-        sock: zmq.Socket[Any],
-        msg_type: str,
-        body: protocol.Hello | protocol.Report | protocol.Bye | protocol.Error,
-    ) -> bool:
-        try:
-            sock.send(protocol.encode(msg_type, body), zmq.NOBLOCK)
-            return True
-        except zmq.Again:
-            return False
-        except ValueError as exc:  # too large: drop what we hold, keep going
-            self.errors.append(str(exc))
-            self._restart_tables()
-            return False
-
-    def _send_hello(self, sock: zmq.Socket[Any]) -> bool:
-        if self._hello is None:
-            self._hello = self._hello_body()
-        self._hello["budget"] = self.budget
-        return self._send(sock, protocol.HELLO, self._hello)
-
     def _hello_body(self) -> protocol.Hello:
-
-        body: protocol.Hello = {
-            "agent": self.agent_id,
-            "host": socket.gethostname(),
-            "pid": self.pid,
-            # the monitor groups a master and the workers it forked into one service by this
-            "ppid": os.getppid(),
-            "start_time": _process_start_time(),
-            "argv": _argv(),
-            "python": sys.version.split()[0],
-            "executable": sys.executable or "",
-            "paths": self._paths,
-            "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
-            "budget": self.budget,
-            "agent_version": AGENT_VERSION,
-            "capabilities": sorted({"cpu", *self.collectors}),
-            "sampler": {"name": self.sampling.sampler, "why": self.sampling.sampler_why},
-        }
-        if self.attach_token:
-            body["attach_token"] = self.attach_token
-        service = os.environ.get("DYPER_SERVICE", "").strip()
-        if service:
-            body["service"] = service[:200]
-        if self.ceiling is not None:
-            body["ceiling"] = self.ceiling
-        return body
+        return hello_body(
+            agent_id=self.agent_id,
+            pid=self.pid,
+            paths=self._paths,
+            budget=self.budget,
+            capabilities=sorted({"cpu", *self.collectors}),
+            sampler={"name": self.sampling.sampler, "why": self.sampling.sampler_why},
+            attach_token=self.attach_token,
+            ceiling=self.ceiling,
+        )
 
     def _receive(self, sock: zmq.Socket[Any]) -> None:
-        """Take what the monitor sent: at most CONTROL_BATCH messages, each checked by the protocol.
+        """Take what the monitor sent: at most CONTROL_BATCH messages, each checked by the protocol (Control).
 
-        Nothing received is trusted: a bad message is counted and dropped, a
-        budget is bounded by the ceiling, timings never make us spend more than
-        our own plan, and a burst starts only when the guard can pay for it.
         Decoding is charged to the budget like the loop's other wake-ups.
         """
         t0 = _cost_clock()
@@ -1469,54 +1119,13 @@ class Agent:
                 data = sock.recv(zmq.NOBLOCK)
             except zmq.Again:
                 break
-            resync = self._on_control(data) or resync
+            resync = self.control.on_message(data) or resync
         spent = _cost_clock() - t0
         self.ledger.charge("wake", spent)
         if self.sampling.ticker:
-            self._report_wakes_s += spent  # the messages answer reports: their price (see _loop)
+            self.reports.wakes_s += spent  # the messages answer reports: their price (see _charge_wake)
         if resync:
             self._resync(sock)
-
-    def _on_control(self, data: bytes) -> bool:
-        """Act on one message from the monitor; True if it asks for a resync (served once per batch)."""
-        try:
-            msg_type, body = protocol.decode(data, protocol.AGENT_ACCEPTS, protocol.MAX_CONTROL_BYTES)
-        except protocol.DecodeError:
-            self.dropped["bad_messages"] += 1
-            return False
-        if msg_type == protocol.RESYNC:
-            return True
-        if msg_type == protocol.DETACH:
-            self._bye_reason = "detach"
-            self._stopping.set()
-        elif msg_type == protocol.CONFIGURE:
-            # The protocol checked the budget's range; the loop applies it under
-            # the ceiling, as set_budget's. A "ceiling" the monitor sends is not
-            # taken: only whoever started the agent sets it.
-            if body.get("budget") is not None:
-                self._pending_budget = float(body["budget"])
-            if body.get("paused") is not None:
-                self._pending_pause = bool(body["paused"])
-            if body.get("reset"):
-                self._pending_reset = True
-            theirs = body.get("plan")
-            running_at = self._under_ceiling(self._pending_budget if self._pending_budget is not None else self.budget)
-            if theirs is not None and self._made_for(_their_timings(theirs), running_at):
-                # A plan for another budget (one sent before a change) would hold us to that budget's delays.
-                self._monitor_plan = _their_timings(theirs)
-                ttl = max(MONITOR_PLAN_TTL_S, MONITOR_PLAN_TTL_REPORTS * self.report_delay_s)
-                self._monitor_plan_until = self.clock() + ttl
-                self._replan()
-        elif msg_type == protocol.DETAIL:
-            name = body["proflet"]
-            # Only while the monitor's plan holds: on our own we keep our own schedule.
-            if name in self.proflet_costs and self._monitor_plan is not None:
-                if not self._monitor_requests:
-                    # From now on the monitor says when.
-                    self._monitor_requests = True
-                    self.bursts.set_delays({}, self.clock(), look=False)
-                self.bursts.request(name)
-        return False
 
     def _resync(self, sock: zmq.Socket[Any]) -> None:
         """The monitor does not know us (it restarted): hello and the full tables.
@@ -1526,29 +1135,237 @@ class Agent:
         again and again must not make us resend megabytes over the budget.
         """
         now = self.clock()
-        if now < self._resync_after:
-            self.dropped["resyncs"] = self.dropped.get("resyncs", 0) + 1
+        if not self.control.resync_allowed(now):
             return
-        self._resync_after = now + RESYNC_MIN_S
         self.tables.resend_all()
-        self._hello_sent = self._send_hello(sock)
-        if self._hello_sent and self.guard.wait_needed(now, self.report_cost_s) <= 0:
+        reports = self.reports
+        reports.hello_sent = reports.send_hello(sock)
+        if reports.hello_sent and self.guard.wait_needed(now, reports.cost_s) <= 0:
             self._report(sock)
 
+    # --- triggers ------------------------------------------------------------------------
 
-def _their_timings(timings: dict[str, Any]) -> dict[str, Any]:
-    """The monitor's timings within our planner's bounds (the protocol made them finite and non-negative).
+    def _check_triggers(self, sock: zmq.Socket[Any], now: float) -> None:
+        """Cut the ring's slice, evaluate the conditions, fire what holds."""
+        events = self.events
+        triggers = events.triggers
+        assert triggers is not None
+        if events.ring.start is None:
+            events.ring.clear(self.reports.window_start)  # what was counted before the first check is in its window
+        events.checked(now)
+        if self.reports.hello_sent:
+            # Only while reports go: they empty the ring, and a split needs a report to go.
+            if self.sampling.ticker:
+                self.sampling.ticker_step(drain=True)  # the ring's cut needs this second's samples
+            events.ring.cut(now, self.counts, self.sampling.samples_in_window)
+        skip = frozenset({self._ident, *(t for t in our_threads() if t is not None)})
+        fired = triggers.check(now, skip)
+        if triggers.errors:
+            self.errors.extend(triggers.errors)
+            triggers.errors.clear()
+        if fired:
+            self._fire(sock, fired, now)
 
-    _replan takes them only where they are slower than our own plan; the
-    bounds keep a monitor from stopping our samples or reports altogether.
-    """
-    out: dict[str, Any] = {}
-    for key, most in (("sample_delay_s", MAX_SAMPLE_DELAY_S), ("report_delay_s", MAX_REPORT_DELAY_S)):
-        if timings.get(key) is not None:
-            out[key] = min(float(timings[key]), most)
-    if isinstance(timings.get("budget"), int | float):
-        out["budget"] = float(timings["budget"])
-    details = timings.get("detail_delay_s")
-    if isinstance(details, dict):
-        out["detail_delay_s"] = {name: min(float(d), MAX_DETAIL_DELAY_S) for name, d in details.items()}
-    return out
+    def _raised_budget(self, spec: TriggerSpec) -> float:
+        if spec.budget is not None:
+            return spec.budget
+        if self.ceiling is not None:
+            return self.ceiling
+        return max(self.budget, min(10 * self.budget, DEFAULT_RAISED_MAX))
+
+    def _fire(self, sock: zmq.Socket[Any], fired: list[Fired], now: float) -> None:
+        """An event: split the report at its "before", raise the budget for its "after", detail now."""
+        events = self.events
+        wall = time.time()
+        before = max(f.spec.before_s for f in fired)
+        after = max(f.spec.after_s for f in fired)
+        raised = self.control.under_ceiling(max(self._raised_budget(f.spec) for f in fired))
+        for f in fired:
+            events.fired.append(
+                {
+                    "t": wall,
+                    "name": f.spec.describe()[: protocol.MAX_MARK_CHARS],
+                    "kind": f.spec.kind,
+                    "why": f.why[: protocol.MAX_MARK_CHARS],
+                    "before_s": before,
+                    "after_s": after,
+                    "budget": max(raised, self.budget),
+                }
+            )
+            self.mark(f"{f.spec.describe()}: {f.why}", "trigger")
+        # Kept for the next report that goes; without a monitor for long, only the newest.
+        del events.fired[:-MAX_PENDING_MARKS]
+        if self.reports.hello_sent:
+            self._report(sock, split_at=now - before)
+        # Applied by the loop below, as agent.boost's is; ends the event's higher budget after "after".
+        self.control.pending_boost = (raised, after)
+        self.bursts.look_now()  # detailing now, not at its planned time
+        events.lasts_until(now + after)
+
+    # --- what tests and bench scripts read of the subsystems --------------------------
+
+    @property
+    def report_delay_s(self) -> float:
+        """The mean delay between reports in force: the local plan's, or the monitor's where it spends less."""
+        return self.reports.delay_s
+
+    @report_delay_s.setter
+    def report_delay_s(self, delay: float) -> None:
+        self.reports.delay_s = delay
+
+    @property
+    def sample_delay_s(self) -> float:
+        """The mean delay between samples in force: the local plan's, or the monitor's where it spends less."""
+        return self.sampling.delay_s
+
+    @sample_delay_s.setter
+    def sample_delay_s(self, delay: float) -> None:
+        self.sampling.delay_s = delay
+
+    @property
+    def report_cost_s(self) -> float:
+        return self.reports.cost_s
+
+    @property
+    def seq(self) -> int:
+        return self.reports.seq
+
+    @property
+    def max_op_s(self) -> float:
+        """The costliest single operation so far (see Ledger.max_op_s)."""
+        return self.ledger.max_op_s
+
+    @property
+    def wake_cost_s(self) -> float:
+        """The loop's own GIL-held time per wake-up, beyond the operations it runs."""
+        return self.ledger.wake_cost_s
+
+    @property
+    def sampler(self) -> str:
+        """Which sampler takes the stack samples, "native" or "gil" (see Sampling.sampler)."""
+        return self.sampling.sampler
+
+    @property
+    def sampler_why(self) -> str:
+        return self.sampling.sampler_why
+
+    @property
+    def ticker(self) -> bool:
+        return self.sampling.ticker
+
+    @property
+    def samples_taken(self) -> int:
+        """Samples taken so far, those still in the ticker's queue included."""
+        return self.sampling.samples_taken
+
+    @property
+    def sample_cost_s(self) -> float:
+        return self.sampling.sample_cost_s
+
+    @property
+    def sample_lag_s(self) -> float:
+        return self.sampling.sample_lag_s
+
+    @property
+    def samples_in_window(self) -> int:
+        return self.sampling.samples_in_window
+
+    def sample(self) -> None:
+        """Record one snapshot of every thread's Python stack (see Sampling.sample)."""
+        self.sampling.sample()
+
+    @property
+    def proflet_costs(self) -> dict[str, ProfletCosts]:
+        """Calibrated costs per detailing proflet (see Bursts)."""
+        return self.bursts.proflet_costs
+
+    @property
+    def kind_costs(self) -> dict[str, dict[str, ProfletCosts]]:
+        return self.bursts.kind_costs
+
+    @property
+    def scheduler(self) -> DetailScheduler:
+        return self.bursts.scheduler
+
+    @property
+    def bursts_total(self) -> int:
+        return self.bursts.bursts_total
+
+    # Private names tests reach for: kept so that they read the same state.
+
+    @property
+    def _tk(self) -> Any:
+        return self.sampling.tk
+
+    @property
+    def _samples_total(self) -> int:
+        return self.sampling.samples_total
+
+    @property
+    def _activity(self) -> list[int] | None:
+        return self.sampling.activity
+
+    @property
+    def _pending(self) -> list[tuple[int, ...]]:
+        return self.sampling.pending
+
+    @_pending.setter
+    def _pending(self, pending: list[tuple[int, ...]]) -> None:
+        self.sampling.pending = pending
+
+    def _sample_python(self) -> None:
+        """The pure-Python walker, the C walker's reference (tests run it on stand-ins)."""
+        activity = self._activity  # a stand-in without it has no _pending either
+        sample_python(self.tables, self.counts, self._ident, activity, self._pending if activity is not None else [])
+
+    def _count_pending(self) -> None:
+        pending, self._pending = self._pending, []
+        count_pending(self.tables, self._activity, pending)
+
+    @property
+    def _bursts(self) -> dict[str, Burst]:
+        return self.bursts.running
+
+    @property
+    def _details_done(self) -> list[dict[str, Any]]:
+        return self.bursts.done
+
+    def _detail_step(self, now: float) -> None:
+        self.bursts.step(now)
+
+    def _burst_costs(self, name: str, kind: str) -> ProfletCosts:
+        return self.bursts.costs_of(name, kind)
+
+    def _burst_price_s(self, name: str) -> float:
+        return self.bursts.price_s(name)
+
+    @property
+    def _pending_budget(self) -> float | None:
+        return self.control.pending_budget
+
+    @_pending_budget.setter
+    def _pending_budget(self, budget: float | None) -> None:
+        self.control.pending_budget = budget
+
+    @property
+    def _monitor_plan(self) -> dict[str, Any] | None:
+        return self.control.monitor_plan
+
+    @property
+    def _monitor_requests(self) -> bool:
+        return self.control.monitor_requests
+
+    @property
+    def _hello_sent(self) -> bool:
+        return self.reports.hello_sent
+
+    @_hello_sent.setter
+    def _hello_sent(self, sent: bool) -> None:
+        self.reports.hello_sent = sent
+
+    def _send_hello(self, sock: zmq.Socket[Any]) -> bool:
+        return self.reports.send_hello(sock)
+
+    @property
+    def _marks(self) -> deque[list[Any]]:
+        return self.reports.marks

@@ -17,7 +17,11 @@ FIRST_POLL_WAIT_S: Final = 0.1
 
 
 class Polls:
-    """The collectors that poll, when each is next due, and what their passes cost."""
+    """The collectors that poll, when each is next due, and what their passes cost.
+
+    Its state belongs to the sampler thread; the loop asks :meth:`next_due`
+    and runs :meth:`run_due` when that time has come.
+    """
 
     def __init__(
         self,
@@ -50,9 +54,10 @@ class Polls:
         return sum(self.rate.values())
 
     def next_due(self) -> float:
+        """When the first collector's pass is due."""
         return min(self.next_poll.values(), default=math.inf)
 
-    def step(self, now: float, budget: float) -> None:
+    def run_due(self, now: float, budget: float) -> None:
         """Run the collectors' own sampling passes that are due, charged as sampling, within the budget."""
         ledger = self._ledger
         for collector in list(self.collectors):

@@ -150,6 +150,11 @@ def name_os_thread(name: str) -> None:
         f.write(name[:15])
 
 
+def our_threads() -> set[int | None]:
+    """The watchdog and threads given up in a hung hook: ours, though the samplers see them."""
+    return {t.ident for t in threading.enumerate() if t.name in (WATCHDOG_NAME, HUNG_THREAD_NAME)}
+
+
 class Watchdog:
     """The hook in progress, each proflet's slowest hook so far, and the thread that watches them.
 
