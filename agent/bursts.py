@@ -81,7 +81,7 @@ class Bursts:
         replan: Callable[[], None],
         *,
         collectors: dict[str, Collector],
-        plan: Callable[[], Plan],
+        plan: Plan,
         counts: dict[tuple[int, tuple[int, ...]], int],
         tables: Tables,
         rng: random.Random,
@@ -94,8 +94,8 @@ class Bursts:
         self._switch_off = switch_off
         self._replan = replan
         self.collectors = collectors
-        #: the plan in force (the agent replaces it on every replan)
-        self._plan = plan
+        #: the plan in force, its detail shares sizing the bursts (the agent hands over every new one)
+        self.plan = plan
         self.counts = counts
         self.tables = tables
         #: calibrated costs per detailing proflet (the collectors that detail)
@@ -117,11 +117,6 @@ class Bursts:
         self.bursts_total = 0
         #: location id of a leaf -> recent self samples, decayed each report: the candidates
         self.heat: dict[int, float] = {}
-
-    @property
-    def plan(self) -> Plan:
-        """The plan in force: its detail shares size the bursts."""
-        return self._plan()
 
     def add(self, name: str, by_kind: dict[str, ProfletCosts]) -> None:
         """Take on a detailing proflet with its declared costs per kind of burst."""

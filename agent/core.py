@@ -64,12 +64,13 @@ from dyper.agent.bursts import Burst, Bursts
 from dyper.agent.control import CONTROL_BATCH, Control
 from dyper.agent.control import RESYNC_MIN_S as RESYNC_MIN_S  # tests read it here
 from dyper.agent.events import Events
-from dyper.agent.ledger import EWMA_ALPHA, Clock, Ledger, fresh_window
+from dyper.agent.ledger import EWMA_ALPHA, Clock, Ledger, fresh_window, weakly
 from dyper.agent.ledger import cost_clock as _cost_clock
 from dyper.agent.lifeline import Lifeline
 from dyper.agent.polls import Polls
 from dyper.agent.proflet import Collector, ReportContext
 from dyper.agent.reports import MAX_PENDING_MARKS, Reports, hello_body
+from dyper.agent.sampling import MAX_PENDING_STACKS as MAX_PENDING_STACKS  # tests read it here
 from dyper.agent.sampling import TICKER_DRAIN_AT as TICKER_DRAIN_AT  # tests read it here
 from dyper.agent.sampling import Sampling, count_pending, fast, jitter, sample_python
 from dyper.agent.schedule import DetailScheduler
@@ -94,9 +95,6 @@ _fast: Any = fast
 
 THREAD_NAME: Final = "dyper-sampler"
 
-#: Distinct (thread, stack) entries kept while reports cannot be sent. A busy
-#: service has a few thousand; past this we drop samples and count them.
-MAX_PENDING_STACKS: Final = 50_000
 #: Reports ZeroMQ may hold for a connected but slow monitor before sends fail.
 SEND_HWM: Final = 8
 #: Largest message taken from the monitor (a configure with its plan is well under 1 KiB).
@@ -206,53 +204,54 @@ class Agent:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
-        self._ident = 0
-        # The hang watchdog (agent.watchdog). The sampler's state, its socket
-        # included, belongs to the thread whose id is in _ident: _give_up
-        # sets it to 0 when it gives a thread up, the replacement to its own.
+        # The subsystems call back into this agent only weakly (see ledger.weakly).
+        switch_off = weakly(self._switch_off, None)
+        replan = weakly(self._replan, None)
+        restart_tables = weakly(self._restart_tables, None)
+        # The hang watchdog (agent.watchdog): every collector hook is called through it.
         self.watchdog = Watchdog(
             stopping=self._stopping,
             stopped=self._stopped,
             errors=self.errors,
-            planned_s=lambda name: self.bursts.planned_s(name),
-            period_s=lambda: self.report_delay_s,
-            handoff_s=lambda: self.sampling.handoff_s,
-            give_up=self._give_up,
+            planned_s=weakly(self._planned_s, 0.0),
+            period_s=weakly(self._report_delay, 0.0),
+            handoff_s=weakly(self._handoff_s, 0.0),
+            give_up=weakly(self._give_up, None),
         )
         self._call = self.watchdog.call
         now = clock()
         self.ledger = Ledger(Guard(budget, now), clock)
         self.guard = self.ledger.guard
+        # Triggers (agent.events): checked by the sampler once a second while any are set.
+        self.events = Events(triggers, clock, self.errors)
         #: the stack samples (agent.sampling): the sampler, its subscribers, its cost, its next due time
         self.sampling = Sampling(
             self.ledger,
             self._call,
-            self._switch_off,
-            self._replan,
+            switch_off,
+            replan,
             tables=self.tables,
             counts=self.counts,
             dropped=self.dropped,
             errors=self.errors,
             rng=self._rng,
-            ident=lambda: self._ident,
-            bounded=self._keep_bounded,
+            ring=self.events.ring,
+            restart_tables=restart_tables,
         )
         #: reports and the hello (agent.reports): when each is due, what they carry, what they cost
         self.reports = Reports(
             self.ledger,
             self._call,
-            self._switch_off,
+            switch_off,
             agent_id=self.agent_id,
             tables=self.tables,
             errors=self.errors,
             dropped=self.dropped,
             rng=self._rng,
-            hello_body=self._hello_body,
-            budget=lambda: self.budget,
-            restart_tables=self._restart_tables,
+            restart_tables=restart_tables,
             window_start=now,
         )
-        self.plan: Plan = plan(budget, self.sampling.sample_cost_s, self.reports.cost_s)
+        self._plan: Plan = plan(budget, self.sampling.sample_cost_s, self.reports.cost_s)
         self._bye_reason = "stop"
         # Proflets. Collectors are built on the sampler thread, at start.
         self._proflet_names = proflets
@@ -261,7 +260,7 @@ class Agent:
         #: the interpreter's install paths (sysconfig), read by start()
         self._paths: dict[str, str] = {}
         #: collectors with their own sampling passes (Collector.poll)
-        self.polls = Polls(self.ledger, self._call, self._switch_off, self._replan)
+        self.polls = Polls(self.ledger, self._call, switch_off, replan)
         #: CPU seconds of one-time start-up work on the sampler thread (loading the proflets)
         self.startup_s = 0.0
         #: the collectors load_proflets() built, until the sampler hooks them up
@@ -272,10 +271,10 @@ class Agent:
         self.bursts = Bursts(
             self.ledger,
             self._call,
-            self._switch_off,
-            self._replan,
+            switch_off,
+            replan,
             collectors=self.collectors,
-            plan=lambda: self.plan,
+            plan=self._plan,
             counts=self.counts,
             tables=self.tables,
             rng=self._rng,
@@ -286,9 +285,9 @@ class Agent:
             clock=clock,
             budget=budget,
             ceiling=ceiling,
-            report_delay_s=lambda: self.report_delay_s,
-            replan=self._replan,
-            detach=self._detach,
+            report_delay_s=weakly(self._report_delay, 0.0),
+            replan=replan,
+            detach=weakly(self._detach, None),
             dropped=self.dropped,
         )
         #: delays in force: the local plan's, or the monitor's where they spend less
@@ -299,8 +298,25 @@ class Agent:
         self._closing = False
         #: the watchdog has given a sampler thread up and its replacement has not started yet
         self._handing_over = False
-        # Triggers (agent.events): checked by the sampler once a second while any are set.
-        self.events = Events(triggers, clock, self.errors)
+
+    @property
+    def plan(self) -> Plan:
+        """The plan in force: the local planner's, for the budget in force and the costs measured."""
+        return self._plan
+
+    @plan.setter
+    def plan(self, new: Plan) -> None:
+        self._plan = new
+        self.bursts.plan = new  # its detail shares size the bursts
+
+    @property
+    def _ident(self) -> int:
+        """The sampler thread's id (see Sampling.ident): the one thread that owns the agent's state."""
+        return self.sampling.ident
+
+    @_ident.setter
+    def _ident(self, ident: int) -> None:
+        self.sampling.ident = ident
 
     @property
     def budget(self) -> float:
@@ -496,7 +512,7 @@ class Agent:
     def _loop(self, sock: zmq.Socket[Any]) -> None:
         self._sock = sock
         self._start_collectors()
-        self.reports.hello_sent = self.reports.send_hello(sock)
+        self.reports.hello_sent = self._send_hello(sock)
         self._start_ticker()
         self._serve(sock)
         self._leave(sock)
@@ -545,7 +561,7 @@ class Agent:
             if events.ended(now):
                 reports.due_now(now)  # the event's window ends with this report
             if reports.hello_due(now):
-                reports.retry_hello(sock, now)
+                reports.hello_retried(self._send_hello(sock), now)
             if reports.report_due(now):
                 if self._lifeline is not None and self._lifeline.fd is None and self._lifeline.gone():
                     self._monitor_gone()  # no pidfd to poll: asked here
@@ -685,11 +701,20 @@ class Agent:
             with contextlib.suppress(Exception):
                 if self._stopping.is_set() and self.clock() - self.guard.started < SHORT_LIFE_S:
                     sock.poll(CLOSE_LINGER_MS, zmq.POLLOUT)
-                reports.hello_sent = reports.send_hello(sock)
+                reports.hello_sent = self._send_hello(sock)
         if reports.hello_sent:
             self._report(sock)
         with contextlib.suppress(Exception):
             reports.send(sock, protocol.BYE, {"agent": self.agent_id, "reason": self._bye_reason})
+
+    def _planned_s(self, name: str) -> float:
+        return self.bursts.planned_s(name)
+
+    def _report_delay(self) -> float:
+        return self.report_delay_s
+
+    def _handoff_s(self) -> float:
+        return self.sampling.handoff_s
 
     def _detach(self) -> None:
         """The monitor asked us to leave."""
@@ -932,18 +957,7 @@ class Agent:
             self.ledger.charge("hung", cpu_s)
             self.ledger.max_op_s = max(self.ledger.max_op_s, cpu_s)
 
-    # --- the counts' bounds ---------------------------------------------------------
-
-    def _keep_bounded(self) -> None:
-        """After new samples: the counts and the tables stay within their bounds, whatever the monitor does."""
-        if len(self.counts) > MAX_PENDING_STACKS:
-            # The monitor has been away long enough to fill the table: drop
-            # these samples (counted) rather than grow without bound.
-            self.dropped["samples"] += sum(self.counts.values())
-            self.counts.clear()
-            self.events.ring.clear(self.clock())
-        if self.tables.full():
-            self._restart_tables()
+    # --- the tables' bounds ---------------------------------------------------------
 
     def _restart_tables(self) -> None:
         self.dropped["samples"] += sum(self.counts.values())
@@ -1095,6 +1109,13 @@ class Agent:
             states[name] = {"off": reason}
         return states
 
+    def _send_hello(self, sock: zmq.Socket[Any]) -> bool:
+        reports = self.reports
+        if reports.hello is None:
+            reports.hello = self._hello_body()
+        reports.hello["budget"] = self.budget
+        return reports.send(sock, protocol.HELLO, reports.hello)
+
     def _hello_body(self) -> protocol.Hello:
         return hello_body(
             agent_id=self.agent_id,
@@ -1139,7 +1160,7 @@ class Agent:
             return
         self.tables.resend_all()
         reports = self.reports
-        reports.hello_sent = reports.send_hello(sock)
+        reports.hello_sent = self._send_hello(sock)
         if reports.hello_sent and self.guard.wait_needed(now, reports.cost_s) <= 0:
             self._report(sock)
 
@@ -1362,9 +1383,6 @@ class Agent:
     @_hello_sent.setter
     def _hello_sent(self, sent: bool) -> None:
         self.reports.hello_sent = sent
-
-    def _send_hello(self, sock: zmq.Socket[Any]) -> bool:
-        return self.reports.send_hello(sock)
 
     @property
     def _marks(self) -> deque[list[Any]]:

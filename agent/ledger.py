@@ -3,14 +3,16 @@
 Every subsystem of the agent (sampling, polls, bursts, reports, control)
 pays through one :class:`Ledger`: the guard that holds the spend under the
 budget, the current report window's lines, and the figures the plan and the
-guard's slack are drawn from.
+guard's slack are drawn from. And they call back into the agent that owns
+them only through :func:`weakly`.
 """
 
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable
-from typing import Final
+from typing import Final, ParamSpec, TypeVar
 
 from dyper.agent.budget import Guard
 
@@ -26,6 +28,26 @@ cost_clock: Callable[[], float] = time.thread_time
 
 #: Weight of a new measurement in the moving averages of costs.
 EWMA_ALPHA: Final = 0.05
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def weakly(method: Callable[_P, _T], default: _T) -> Callable[_P, _T]:
+    """``method`` (a bound method) called through a weak reference; ``default`` once its object is gone.
+
+    The subsystems call back into the agent that owns them. Strong references
+    would make a cycle, and a stopped agent, its tables and its collectors
+    would stay in memory until the cyclic gc ran: for good in a process that
+    disabled it (a detach must leave the process as it was).
+    """
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        bound = ref()
+        return default if bound is None else bound(*args, **kwargs)
+
+    return call
 
 
 def fresh_window() -> dict[str, float]:

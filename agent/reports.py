@@ -135,8 +135,6 @@ class Reports:
         errors: list[str],
         dropped: dict[str, int],
         rng: random.Random,
-        hello_body: Callable[[], protocol.Hello],
-        budget: Callable[[], float],
         restart_tables: Callable[[], None],
         window_start: float,
     ) -> None:
@@ -148,8 +146,6 @@ class Reports:
         self._errors = errors
         self._dropped = dropped
         self._rng = rng
-        self._hello_body = hello_body
-        self._budget = budget
         #: what a send too large for the protocol does: drop what we hold
         self._restart_tables = restart_tables
         self.seq = 0
@@ -163,7 +159,7 @@ class Reports:
         self.delay_s = 0.0
         self.next_report = math.inf
         self.hello_sent = False
-        #: the hello as last built (None: built afresh before the next goes)
+        #: the hello as last built (None: the agent builds it afresh before the next goes)
         self.hello: protocol.Hello | None = None
         self._hello_wait = HELLO_FIRST_RETRY_S
         self._next_hello = math.inf
@@ -196,10 +192,10 @@ class Reports:
     def hello_due(self, now: float) -> bool:
         return not self.hello_sent and now >= self._next_hello
 
-    def retry_hello(self, sock: zmq.Socket[Any], now: float) -> None:
+    def hello_retried(self, sent: bool, now: float) -> None:
         # Until the connection is up the hello cannot go; reports wait
         # for it, their counts keep accumulating meanwhile.
-        self.hello_sent = self.send_hello(sock)
+        self.hello_sent = sent
         self._hello_wait = min(2 * self._hello_wait, HELLO_RETRY_S)
         self._next_hello = now + self._hello_wait
 
@@ -232,12 +228,6 @@ class Reports:
             self._errors.append(str(exc))
             self._restart_tables()
             return False
-
-    def send_hello(self, sock: zmq.Socket[Any]) -> bool:
-        if self.hello is None:
-            self.hello = self._hello_body()
-        self.hello["budget"] = self._budget()
-        return self.send(sock, protocol.HELLO, self.hello)
 
     def mark(self, name: str, kind: str) -> None:
         """Put a labelled point on the timeline, from any thread: it goes with the next report."""

@@ -23,6 +23,7 @@ from dyper.agent.ledger import EWMA_ALPHA, Ledger, cost_clock
 from dyper.agent.native import NativeTicker, choose_sampler
 from dyper.agent.proflet import Collector
 from dyper.agent.tables import UNDECIDED, WAITS, Tables
+from dyper.agent.triggers import Ring
 from dyper.agent.watchdog import HookCaller
 
 fast: Any
@@ -36,6 +37,9 @@ except ImportError:  # not built for this interpreter
 #: unless DYPER_TICKER=0 (the agent's own thread then samples, as before).
 TICKER: Final = bool(fast is not None and getattr(fast, "TICKER", 0)) and os.environ.get("DYPER_TICKER") != "0"
 
+#: Distinct (thread, stack) entries kept while reports cannot be sent. A busy
+#: service has a few thousand; past this we drop samples and count them.
+MAX_PENDING_STACKS: Final = 50_000
 #: Starting guess until the first measurements come in; deliberately high so
 #: the first plan errs on the side of spending less.
 INITIAL_SAMPLE_COST_S: Final = 200e-6
@@ -138,8 +142,8 @@ class Sampling:
         dropped: dict[str, int],
         errors: list[str],
         rng: random.Random,
-        ident: Callable[[], int],
-        bounded: Callable[[], None],
+        ring: Ring,
+        restart_tables: Callable[[], None],
     ) -> None:
         self._ledger = ledger
         self._call = call
@@ -150,10 +154,14 @@ class Sampling:
         self._dropped = dropped
         self._errors = errors
         self._rng = rng
-        #: the sampler thread's id: the one thread the samplers skip
-        self._ident = ident
-        #: keeps the counts and tables within their bounds after new samples
-        self._bounded = bounded
+        #: the triggers' per-second slices of the counts (agent.events): dropped with the counts
+        self._ring = ring
+        #: what full tables call for: everything held is dropped (counted) and the tables start afresh
+        self._restart_tables = restart_tables
+        #: the sampler thread's id: the one thread the samplers skip. The agent's
+        #: state, its socket included, belongs to that thread (Agent._owns); the
+        #: watchdog sets it to 0 when it gives a thread up, the replacement to its own.
+        self.ident = 0
         self.sample_cost_s = INITIAL_SAMPLE_COST_S
         self.sample_lag_s = 0.0
         self.samples_total = 0
@@ -257,19 +265,19 @@ class Sampling:
         """
         if fast is not None:
             if self.activity is None:
-                fast.sample(self.counts, self.tables.locs, self.tables.new_loc, self._ident())
+                fast.sample(self.counts, self.tables.locs, self.tables.new_loc, self.ident)
             else:
                 fast.sample(
                     self.counts,
                     self.tables.locs,
                     self.tables.new_loc,
-                    self._ident(),
+                    self.ident,
                     self.tables.waiting,
                     self.activity,
                     self.pending,
                 )
         else:
-            sample_python(self.tables, self.counts, self._ident(), self.activity, self.pending)
+            sample_python(self.tables, self.counts, self.ident, self.activity, self.pending)
         self.after_samples(1)
 
     def after_samples(self, n: int) -> None:
@@ -282,7 +290,14 @@ class Sampling:
                 self._call(collector.name, collector.sampled, n, self.counts)
             except Exception as exc:
                 self._switch_off(collector.name, exc)
-        self._bounded()
+        if len(self.counts) > MAX_PENDING_STACKS:
+            # The monitor has been away long enough to fill the table: drop
+            # these samples (counted) rather than grow without bound.
+            self._dropped["samples"] += sum(self.counts.values())
+            self.counts.clear()
+            self._ring.clear(self._ledger.clock())
+        if self.tables.full():
+            self._restart_tables()
 
     # --- sampling through the ticker ------------------------------------------------
 
@@ -298,7 +313,7 @@ class Sampling:
             self.ticker_step(drain=True)
             self.ticker = False
         try:
-            self.tk.ticker_start(self._ident(), wake_w)
+            self.tk.ticker_start(self.ident, wake_w)
         except Exception as exc:  # e.g. no thread could be started: sample from here
             self._errors.append(f"ticker unavailable ({exc}); sampling from the agent's thread")
             if self.sampler == "native":
