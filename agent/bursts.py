@@ -206,6 +206,7 @@ class Bursts:
         return cost(costs) / 1000.0 + wakes * self.ledger.wake_cost_s
 
     def step(self, now: float) -> None:
+        """Charge the running bursts' slowdown so far and end those due or overrunning; start what is affordable."""
         for name, burst in list(self.running.items()):
             collector = self.collectors[name]
             try:

@@ -310,6 +310,24 @@ class Agent:
         self.bursts.plan = new  # its detail shares size the bursts
 
     @property
+    def report_delay_s(self) -> float:
+        """The mean delay between reports in force: the local plan's, or the monitor's where it spends less."""
+        return self.reports.delay_s
+
+    @report_delay_s.setter
+    def report_delay_s(self, delay: float) -> None:
+        self.reports.delay_s = delay
+
+    @property
+    def sample_delay_s(self) -> float:
+        """The mean delay between samples in force: the local plan's, or the monitor's where it spends less."""
+        return self.sampling.delay_s
+
+    @sample_delay_s.setter
+    def sample_delay_s(self, delay: float) -> None:
+        self.sampling.delay_s = delay
+
+    @property
     def _ident(self) -> int:
         """The sampler thread's id (see Sampling.ident): the one thread that owns the agent's state."""
         return self.sampling.ident
@@ -533,6 +551,7 @@ class Agent:
         now = self.clock()
         sampling.begin(now)
         reports.begin(now)
+        # The plan's own clock wakes nobody: it follows costs that only the other wake-ups measure.
         next_replan = now + REPLAN_S
         while not self._stopping.is_set():
             # Everything the sampler does between two polls holds the GIL and
@@ -1224,24 +1243,6 @@ class Agent:
         events.lasts_until(now + after)
 
     # --- what tests and bench scripts read of the subsystems --------------------------
-
-    @property
-    def report_delay_s(self) -> float:
-        """The mean delay between reports in force: the local plan's, or the monitor's where it spends less."""
-        return self.reports.delay_s
-
-    @report_delay_s.setter
-    def report_delay_s(self, delay: float) -> None:
-        self.reports.delay_s = delay
-
-    @property
-    def sample_delay_s(self) -> float:
-        """The mean delay between samples in force: the local plan's, or the monitor's where it spends less."""
-        return self.sampling.delay_s
-
-    @sample_delay_s.setter
-    def sample_delay_s(self, delay: float) -> None:
-        self.sampling.delay_s = delay
 
     @property
     def report_cost_s(self) -> float:
