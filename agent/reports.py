@@ -186,6 +186,7 @@ class Reports:
         self._next_hello = now + self._hello_wait
 
     def next_due(self) -> float:
+        """The next report, or the next quick hello retry (later retries ride on the other wake-ups)."""
         retrying = not self.hello_sent and self._hello_wait < HELLO_RETRY_S
         return min(self.next_report, self._next_hello if retrying else math.inf)
 

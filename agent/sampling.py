@@ -210,6 +210,7 @@ class Sampling:
         self._early_drains = 0
 
     def next_due(self) -> float:
+        """The next sample, or the next early drain of the ticker (never once the ticker runs on its own, or paused)."""
         return self.next_sample
 
     def hurry(self, at: float) -> None:
