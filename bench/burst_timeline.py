@@ -56,6 +56,7 @@ def main() -> None:
     import alloc
     import cpu1
 
+    from dyper.agent.bursts import Bursts
     from dyper.agent.core import Agent
 
     unit = alloc.unit if args.workload == "alloc" else (lambda: cpu1.middle(2000))
@@ -66,22 +67,26 @@ def main() -> None:
     started: dict[str, list[tuple[float, float, str]]] = {}
     #: per burst, by proflet: (stop op begins, stop op ends, what the burst was charged in all)
     stopped: dict[str, list[tuple[float, float, float]]] = {}
-    original = {n: getattr(Agent, n) for n in ("_start_burst", "_stop_burst", "_detail_step", "_report")}
+    #: what is timed: (event name, the class, its method)
+    timed = (
+        ("_start_burst", Bursts, "start"),
+        ("_stop_burst", Bursts, "stop"),
+        ("_detail_step", Bursts, "step"),
+        ("_report", Agent, "_report"),
+    )
 
-    def wrap(name: str):  # type: ignore[no-untyped-def]
-        fn = original[name]
-
+    def wrap(name: str, fn):  # type: ignore[no-untyped-def]
         def wrapper(self, *a, **k):  # type: ignore[no-untyped-def]
             t0 = time.perf_counter()
             before = self.guard.spent_by.get("detail", 0.0)
-            burst = self._bursts.get(a[0]) if name == "_stop_burst" else None
+            burst = self.running.get(a[0]) if name == "_stop_burst" else None
             try:
                 return fn(self, *a, **k)
             finally:
                 t1 = time.perf_counter()
                 events.append((name, t0, t1))
-                if name == "_start_burst" and a[0] in self._bursts:
-                    started.setdefault(a[0], []).append((t0, t1, f"{a[0]}:{self._bursts[a[0]].kind}"))
+                if name == "_start_burst" and a[0] in self.running:
+                    started.setdefault(a[0], []).append((t0, t1, f"{a[0]}:{self.running[a[0]].kind}"))
                 elif name == "_stop_burst" and burst is not None:
                     # its fixed cost at the start, the slowdown charged by the stop, and the stop's settling
                     settled = self.guard.spent_by.get("detail", 0.0) - before
@@ -89,8 +94,8 @@ def main() -> None:
 
         return wrapper
 
-    for n in original:
-        setattr(Agent, n, wrap(n))
+    for name, cls, method in timed:
+        setattr(cls, method, wrap(name, getattr(cls, method)))
 
     agent = Agent(args.monitor, args.budget, proflets=tuple(args.proflets.split(",")))
     agent.start()
