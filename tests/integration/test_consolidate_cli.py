@@ -41,9 +41,12 @@ def test_consolidate_collapsed_and_a_real_profile(tmp_path):
     assert work["line"] == 18  # def work(units): known from the dyper profile
     assert work["frequency"] == 1.0 and work["occurrence"] == 1.0 and work["flagged"]
     assert work["values_pct"][0] == 90.0 and work["values_pct"][2] == 100.0
-    # The real profile: split.py spends nearly all its time in work() (about 90%; 75% once
-    # on a machine loaded twice over, where start-up weighs more in 3 s).
-    assert work["values_pct"][1] > 60.0
+    # The real profile: split.py spends nearly all its time in work(), about 90% on a quiet
+    # machine. On a loaded one the GIL sampler files much of it under loop(), whose clock
+    # calls are where the kernel takes the CPU away and where the next sample lands (20 to
+    # 65% in work() under three busy processes, issue 29). What this test is about is that
+    # the profile's column is read at all: a miss reads 0.
+    assert work["values_pct"][1] > 10.0
     assert work["min_pct"] == min(work["values_pct"]) and work["max_pct"] == 100.0
     assert abs(work["range_pct"] - (work["max_pct"] - work["min_pct"])) < 1e-9
     assert abs(work["avg_pct"] - sum(work["values_pct"]) / 3) < 1e-9
