@@ -232,7 +232,14 @@ class Bursts:
                 self.stop(name, now)
 
         def affordable(name: str) -> bool:
-            return self.guard.wait_needed(now, self.price_s(name)) <= 0
+            # A burst an analysis asked for ahead of the plan borrows: it starts
+            # once the bucket is out of debt, and what it costs is repaid before
+            # anything else runs. Waiting for its whole price beside every
+            # other proflet's bursts, the heap's census came every 10 to 30 s
+            # at 1% on a loaded machine, and a minute held two of the five a
+            # leak's verdict needs. The budget is kept over the run as ever.
+            price = 0.0 if name in self.scheduler.queue.asked else self.price_s(name)
+            return self.guard.wait_needed(now, price) <= 0
 
         for name in self.scheduler.tick(now, affordable):
             self.start(name, now)

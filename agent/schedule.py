@@ -69,6 +69,8 @@ class DetailQueue:
     patience_s: float = PATIENCE_S
     #: when each waiting request was made
     since: dict[str, float] = field(default_factory=dict)
+    #: the waiting requests an analysis asked for ahead of the plan (``first``)
+    asked: set[str] = field(default_factory=set)
 
     def request(self, name: str, now: float = 0.0, first: bool = False) -> None:
         """Ask for a burst of ``name``; a second request while one waits or runs is the same request.
@@ -86,6 +88,7 @@ class DetailQueue:
             return
         if first:
             self.waiting.insert(0, name)
+            self.asked.add(name)
         else:
             self.waiting.append(name)
 
@@ -122,6 +125,7 @@ class DetailQueue:
             else:
                 self.running.add(name)
                 self.since.pop(name, None)
+                self.asked.discard(name)
                 started.append(name)
         self.waiting = still
         return started
@@ -133,6 +137,7 @@ class DetailQueue:
         """The proflet is gone (switched off): drop it wherever it is."""
         self.running.discard(name)
         self.since.pop(name, None)
+        self.asked.discard(name)
         if name in self.waiting:
             self.waiting.remove(name)
 

@@ -111,6 +111,11 @@ def test_a_request_an_analysis_asked_for_goes_to_the_head_of_the_queue():
     assert q.ready(now=3.0) == ["memory"]
     q.request("memory", now=4.0, first=True)  # running: the same request
     assert q.waiting == ["heap"]
+    # the agent lets an asked request borrow (see agent.bursts): the queue says which wait so
+    assert q.asked == {"heap"}
+    assert q.ready(affordable=lambda name: name not in q.asked, now=5.0) == []
+    q.finish("memory")
+    assert q.ready(now=6.0) == ["heap"] and q.asked == set()
 
 
 def test_handing_over_to_the_monitor_keeps_what_waits_and_runs():
