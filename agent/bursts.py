@@ -236,7 +236,7 @@ class Bursts:
         def affordable(name: str) -> bool:
             # A burst an analysis asked for ahead of the plan borrows: it starts
             # once the bucket is out of debt, and what it costs is repaid before
-            # anything else runs. Waiting for its whole price beside every
+            # the next sample or burst. Waiting for its whole price beside every
             # other proflet's bursts, the heap's census came every 10 to 30 s
             # at 1% on a loaded machine, and a minute held two of the five a
             # leak's verdict needs. The budget is kept over the run as ever.
