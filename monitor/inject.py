@@ -25,7 +25,9 @@ the middle of malloc, hold the GIL in an inconsistent state, etc.  Instead:
    kernel's syscall-restart fixup applied, full XSAVE image, signal mask).
 4. On that thread we then call, one at a time, plain C functions that are
    safe there: ``mmap`` (our pages), ``__errno_location`` (errno is saved and
-   restored), ``PyThread_start_new_thread(stub, source)``, ``munmap``.  Each
+   restored), ``pthread_create(stub, source)`` and ``pthread_detach``,
+   ``munmap``.  None of them takes a lock of the interpreter's (see
+   ``_inject_on``), so the thread may be stopped anywhere in it.  Each
    is a hand-made x86-64 SysV call whose return address leads to an
    ``rt_sigreturn`` on that frame (libc's ``__restore_rt``, or a tiny
    trampoline in our page that first stores rax).  Resuming with
@@ -183,6 +185,7 @@ _RESTORE_RT_PATTERNS: Final = (
 )
 _TRAMP_SIGRETURN_END: Final = 16  # offset just after the trampoline's syscall
 _RESULT_OFFSET: Final = 64  # result slot in the trampoline page
+_THREAD_T_OFFSET: Final = 128  # pthread_create's pthread_t out-parameter, same page
 
 _PROT_RWX: Final = 0x7
 _MAP_PRIVATE_ANON: Final = 0x02 | 0x20
@@ -217,13 +220,14 @@ _DEFERRED_SIGNALS: Final = frozenset(
 _PY_SYMBOLS: Final = (
     "Py_Version",
     "Py_IsInitialized",
-    "PyThread_start_new_thread",
     "PyGILState_Ensure",
     "PyGILState_Release",
     "PyRun_SimpleString",
 )
 _LIBC_SYMBOLS: Final = ("mmap", "munmap", "__errno_location")
-_WANTED_SYMBOLS: Final = frozenset(_PY_SYMBOLS + _LIBC_SYMBOLS)
+# In libc since glibc 2.34 and in musl; in libpthread before.
+_THREAD_SYMBOLS: Final = ("pthread_create", "pthread_detach")
+_WANTED_SYMBOLS: Final = frozenset(_PY_SYMBOLS + _LIBC_SYMBOLS + _THREAD_SYMBOLS)
 
 _LIBPYTHON_RE: Final = re.compile(r"^libpython3\.(\d+)([a-z]*)\.so")
 _EXE_VERSION_RE: Final = re.compile(r"python3\.(\d+)")
@@ -658,6 +662,27 @@ def _preflight(pid: int) -> _Target:
         if sname not in libc_elf.symbols:
             raise InjectError(f"{libc_path} of process {pid} does not export {sname}; unsupported libc")
         syms[sname] = libc_bias + libc_elf.symbols[sname]
+    for sname in _THREAD_SYMBOLS:
+        if sname in libc_elf.symbols:
+            syms[sname] = libc_bias + libc_elf.symbols[sname]
+    if any(s not in syms for s in _THREAD_SYMBOLS):
+        # glibc before 2.34: the thread functions live in libpthread, which CPython links.
+        pthread_path = next((p for p in paths if _basename(p).startswith("libpthread")), None)
+        if pthread_path is not None:
+            pthread_map = min((m for m in maps if m.path == pthread_path), key=lambda m: m.start)
+            try:
+                pthread_elf = _elf_for(pid, pthread_map)
+            except Exception as e:
+                raise InjectError(f"cannot parse {pthread_path} of process {pid}: {e}") from None
+            pthread_bias = _load_bias(pthread_elf, pthread_path, maps)
+            for sname in _THREAD_SYMBOLS:
+                if sname not in syms and sname in pthread_elf.symbols:
+                    syms[sname] = pthread_bias + pthread_elf.symbols[sname]
+    missing = [s for s in _THREAD_SYMBOLS if s not in syms]
+    if missing:
+        raise InjectError(
+            f"process {pid} ({name}) exports no {', '.join(missing)} in its libc or libpthread; unsupported libc"
+        )
 
     # CET user shadow stacks: the `ret` of a function we entered by setting
     # rip (no matching `call`) would be a control-protection fault.
@@ -1475,7 +1500,7 @@ def _build_trampoline(result_addr: int, at: int) -> bytes:
 def _build_stub(*, page: int, size: int, syms: dict[str, int]) -> bytes:
     """Hand-assembled x86-64 thread body: ``void stub(const char *source)``.
 
-    Entered via pythread_wrapper's `call`, so rsp % 16 == 8 on entry; the
+    A pthread start routine, entered by libc's `call`, so rsp % 16 == 8 on entry; the
     alignment before every `call` is annotated below (must be 0).
     """
 
@@ -1514,11 +1539,12 @@ def _build_stub(*, page: int, size: int, syms: dict[str, int]) -> bytes:
         + struct.pack("<I", size)  # mov esi, SIZE
         + movabs_rax(syms["munmap"])
         + b"\xff\xe0"  # jmp rax  ; tail call: munmap(PAGE, SIZE) unmaps this very
-        #                code and returns straight into pythread_wrapper.
+        #                code and returns straight into libc's thread start,
+        #                which ends the (detached) thread.
     )
 
 
-_STUB_LEN: Final = len(_build_stub(page=0, size=0, syms=dict.fromkeys(_PY_SYMBOLS + _LIBC_SYMBOLS, 0)))
+_STUB_LEN: Final = len(_build_stub(page=0, size=0, syms=dict.fromkeys(_WANTED_SYMBOLS, 0)))
 _SRC_OFFSET: Final = (_STUB_LEN + 15) & ~15
 
 
@@ -1555,7 +1581,7 @@ def _inject_on(tr: _Tracee, target: _Target, payload: bytes, deadline: float) ->
         page 1...    thread stub + source text     (unmapped by the new thread)
 
     Two parts because the new thread may finish and unmap its part before
-    PyThread_start_new_thread has even returned into our trampoline.
+    pthread_create has even returned into our trampoline.
     """
     syms = target.syms
 
@@ -1601,13 +1627,24 @@ def _inject_on(tr: _Tracee, target: _Target, payload: bytes, deadline: float) ->
         # If this call fails half-way we can't know whether the thread runs:
         # from here on, only the trampoline page is surely ours.
         mapped = _PAGE
-        ident = via_tramp(syms["PyThread_start_new_thread"], thread_page, thread_page + _SRC_OFFSET)
-        if ident == _U64:
+        # pthread_create, not PyThread_start_new_thread: the latter allocates
+        # through PyMem_RawMalloc, which under tracemalloc (a memory burst)
+        # takes the GIL on this thread. A thread stopped inside the
+        # interpreter holding one of its locks (the pending-calls lock in
+        # Py_AddPendingCall, say) then waits for the GIL while the GIL's
+        # holder waits for that lock: both hung, seen on 3.12 in CI. libc's
+        # own locks are safe here (_unsafe_reason), the interpreter's are not.
+        thread_t = page + _THREAD_T_OFFSET
+        err = via_tramp(syms["pthread_create"], thread_t, 0, thread_page, thread_page + _SRC_OFFSET) & 0xFFFFFFFF
+        if err:
             mapped = size  # no thread: its pages are ours to free as well
             raise InjectError(
-                f"PyThread_start_new_thread failed inside process {target.info.pid} (thread "
-                "limit or out of memory?); check `ulimit -u` and the target's memory"
+                f"pthread_create failed inside process {target.info.pid} ({os.strerror(err)}); "
+                "check `ulimit -u` and the target's memory"
             )
+        # The thread may have ended already: detaching then frees what it left.
+        (handle,) = struct.unpack("<Q", tr.mem_read(thread_t, 8))
+        via_tramp(syms["pthread_detach"], handle)
         # Page 1... belongs to the new thread now; page 0 is done with.
         mapped = 0
         tr.call(syms["munmap"], (page, _PAGE), call_timeout())
