@@ -3056,8 +3056,353 @@ fastsample_frame_hook_installed(PyObject *module, PyObject *unused)
 #endif
 
 
+/* ------------------------------------------------------------------------
+ * Allocation sampling: the memory proflet's bursts when this module loads.
+ *
+ * A hook over the object and memory domains' allocators (PyMem_SetAllocator,
+ * as tracemalloc does) counts every allocation and, at a Poisson process over
+ * the bytes allocated (a mean of `mean_bytes` between samples), records the
+ * Python stack of the allocating thread: a few reads, no allocation, no
+ * Python code. tracemalloc instead records every allocation and every free,
+ * which slows allocation-heavy code ten times or more, so its bursts at 1%
+ * last a few milliseconds; this one loses a few percent, so its bursts can
+ * last seconds and see the threads that hold the GIL a quarter of the time.
+ *
+ * Both domains are only called with the GIL held, which guards the state.
+ * The raw domain (called without it) is left alone.
+ * ------------------------------------------------------------------------ */
+
+#define ALLOC_DEPTH 8
+
+typedef struct {
+    size_t size;
+    int depth;
+    PyCodeObject *code[ALLOC_DEPTH];   /* strong references, leaf first */
+    int lasti[ALLOC_DEPTH];
+    int lineno_field[ALLOC_DEPTH];
+} alloc_sample;
+
+static struct {
+    int installed;      /* our hooks are the domains' allocators (over base_*) */
+    int stranded;       /* another hook went over ours: we stay, passing through */
+    int active;         /* counting and sampling; else passing through */
+    PyInterpreterState *interp;
+    PyMemAllocatorEx base_obj, base_mem;
+    double mean_bytes;
+    int64_t countdown;
+    uint64_t rng;
+    unsigned long long count, bytes, dropped;
+    alloc_sample *samples;  /* malloc'ed: never through the allocators we hook */
+    Py_ssize_t nsamples, max_samples;
+} alloc = {0};
+
+static double
+alloc_uniform(void)
+{
+    uint64_t x = alloc.rng;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    alloc.rng = x;
+    return ((double)((x * 0x2545F4914F6CDD1DULL) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+/* Bytes to the next sample: exponential, so that every byte is equally
+ * likely to be sampled whatever the sizes around it. */
+static int64_t
+alloc_interval(void)
+{
+    double d = -log(alloc_uniform()) * alloc.mean_bytes;
+    return d < 1.0 ? 1 : (d > 9e18 ? (int64_t)9e18 : (int64_t)d);
+}
+
+static void
+alloc_record(size_t size)
+{
+    if (alloc.nsamples >= alloc.max_samples) {
+        alloc.dropped++;
+        return;
+    }
+#if PY_VERSION_HEX >= 0x030D0000
+    PyThreadState *ts = PyThreadState_GetUnchecked();
+#else
+    PyThreadState *ts = _PyThreadState_UncheckedGet();
+#endif
+    if (ts == NULL || ts->interp != alloc.interp) {
+        return;   /* a thread being torn down, or a sub-interpreter with its own GIL */
+    }
+    alloc_sample *s = &alloc.samples[alloc.nsamples];
+    int depth = 0, visited = 0;
+    for (_PyInterpreterFrame *f = thread_top_frame(ts);
+         f != NULL && depth < ALLOC_DEPTH && visited < MAX_VISITED;
+         f = f->previous, visited++)
+    {
+        PyCodeObject *code = complete_frame_code(f);
+        if (code == NULL) {
+            continue;
+        }
+        int lasti = _PyInterpreterFrame_LASTI(f);
+        if (lasti < -1 || lasti >= Py_SIZE(code)) {
+            break;   /* not an offset into this code: see snapshot_take */
+        }
+        Py_INCREF(code);
+        s->code[depth] = code;
+        s->lasti[depth] = lasti;
+        s->lineno_field[depth] = frame_lineno_field(f);
+        depth++;
+    }
+    s->size = size;
+    s->depth = depth;
+    alloc.nsamples++;
+}
+
+static inline void
+alloc_note(size_t size)
+{
+    if (!alloc.active) {
+        return;
+    }
+    alloc.count++;
+    alloc.bytes += size;
+    alloc.countdown -= (int64_t)size;
+    if (alloc.countdown > 0) {
+        return;
+    }
+    alloc.countdown = alloc_interval();
+    alloc_record(size);
+}
+
+static void *
+alloc_hook_malloc(void *ctx, size_t size)
+{
+    PyMemAllocatorEx *base = (PyMemAllocatorEx *)ctx;
+    void *p = base->malloc(base->ctx, size);
+    if (p != NULL) {
+        alloc_note(size);
+    }
+    return p;
+}
+
+static void *
+alloc_hook_calloc(void *ctx, size_t nelem, size_t elsize)
+{
+    PyMemAllocatorEx *base = (PyMemAllocatorEx *)ctx;
+    void *p = base->calloc(base->ctx, nelem, elsize);
+    if (p != NULL) {
+        alloc_note(nelem * elsize);   /* no overflow: the allocation succeeded */
+    }
+    return p;
+}
+
+static void *
+alloc_hook_realloc(void *ctx, void *ptr, size_t size)
+{
+    PyMemAllocatorEx *base = (PyMemAllocatorEx *)ctx;
+    void *p = base->realloc(base->ctx, ptr, size);
+    if (p != NULL) {
+        alloc_note(size);   /* the new size, as an allocation of its own */
+    }
+    return p;
+}
+
+static void
+alloc_hook_free(void *ctx, void *ptr)
+{
+    PyMemAllocatorEx *base = (PyMemAllocatorEx *)ctx;
+    base->free(base->ctx, ptr);
+}
+
+static int
+alloc_ours(PyMemAllocatorDomain domain, PyMemAllocatorEx *base)
+{
+    PyMemAllocatorEx now;
+    PyMem_GetAllocator(domain, &now);
+    return now.malloc == alloc_hook_malloc && now.ctx == base;
+}
+
+/* Drop the samples' references and free them. May run arbitrary code (a
+ * code object's last reference), so with nothing of ours half-done. */
+static void
+alloc_clear_samples(void)
+{
+    alloc_sample *samples = alloc.samples;
+    Py_ssize_t n = alloc.nsamples;
+    alloc.samples = NULL;
+    alloc.nsamples = alloc.max_samples = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        for (int d = 0; d < samples[i].depth; d++) {
+            Py_DECREF(samples[i].code[d]);
+        }
+    }
+    free(samples);
+}
+
+PyDoc_STRVAR(alloc_start_doc,
+"alloc_start(mean_bytes, max_samples, /) -> None\n"
+"\n"
+"Count every allocation of the object and memory domains from now on, and\n"
+"record the allocating Python stack (8 frames, leaf first) at a Poisson\n"
+"process of mean_bytes between samples, at most max_samples of them.\n"
+"Raises RuntimeError if already sampling or if another allocator hook that\n"
+"went over ours at an earlier stop is still there. Leave tracemalloc off\n"
+"while it runs.");
+
+static PyObject *
+fastsample_alloc_start(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "alloc_start() takes exactly 2 arguments");
+        return NULL;
+    }
+    double mean = PyFloat_AsDouble(args[0]);
+    if (mean == -1.0 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Py_ssize_t max_samples = PyLong_AsSsize_t(args[1]);
+    if (max_samples == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (!(mean >= 1.0) || max_samples < 1 || max_samples > (1 << 20)) {
+        PyErr_SetString(PyExc_ValueError, "mean_bytes must be >= 1 and max_samples in 1..2**20");
+        return NULL;
+    }
+    if (alloc.active) {
+        PyErr_SetString(PyExc_RuntimeError, "allocation sampling is already running");
+        return NULL;
+    }
+    if (alloc.stranded && alloc_ours(PYMEM_DOMAIN_OBJ, &alloc.base_obj)
+        && alloc_ours(PYMEM_DOMAIN_MEM, &alloc.base_mem)) {
+        /* Ours is on top again: whoever wrapped it took their hook out. */
+        alloc.stranded = 0;
+    }
+    if (alloc.stranded) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "another allocator hook was installed over dyper's allocation sampler");
+        return NULL;
+    }
+    alloc_sample *samples = malloc((size_t)max_samples * sizeof(alloc_sample));
+    if (samples == NULL) {
+        return PyErr_NoMemory();
+    }
+    if (alloc.samples != NULL) {
+        alloc_clear_samples();   /* a run stopped without being read */
+    }
+    alloc.samples = samples;
+    alloc.nsamples = 0;
+    alloc.max_samples = max_samples;
+    alloc.count = alloc.bytes = alloc.dropped = 0;
+    alloc.mean_bytes = mean;
+    alloc.interp = PyThreadState_GetInterpreter(PyThreadState_Get());
+    if (alloc.rng == 0) {
+        alloc.rng = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ULL ^ (uint64_t)(uintptr_t)&alloc;
+        if (alloc.rng == 0) {
+            alloc.rng = 88172645463325252ULL;
+        }
+    }
+    alloc.countdown = alloc_interval();
+    if (!alloc.installed) {
+        PyMem_GetAllocator(PYMEM_DOMAIN_OBJ, &alloc.base_obj);
+        PyMem_GetAllocator(PYMEM_DOMAIN_MEM, &alloc.base_mem);
+        PyMemAllocatorEx obj = {&alloc.base_obj, alloc_hook_malloc, alloc_hook_calloc,
+                                alloc_hook_realloc, alloc_hook_free};
+        PyMemAllocatorEx mem = {&alloc.base_mem, alloc_hook_malloc, alloc_hook_calloc,
+                                alloc_hook_realloc, alloc_hook_free};
+        PyMem_SetAllocator(PYMEM_DOMAIN_OBJ, &obj);
+        PyMem_SetAllocator(PYMEM_DOMAIN_MEM, &mem);
+        alloc.installed = 1;
+    }
+    alloc.active = 1;
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(alloc_stop_doc,
+"alloc_stop() -> (count, bytes, dropped, samples)\n"
+"\n"
+"Stop counting and sampling, take the hook out, and return what was seen:\n"
+"allocations and bytes counted, samples dropped past max_samples, and each\n"
+"sample as (size, ((filename, line), ...)) leaf first. None if not running.\n"
+"If another hook went over ours, ours stays in place passing through.");
+
+static PyObject *
+fastsample_alloc_stop(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    if (!alloc.active) {
+        Py_RETURN_NONE;
+    }
+    alloc.active = 0;
+    if (alloc.installed) {
+        if (alloc_ours(PYMEM_DOMAIN_OBJ, &alloc.base_obj) && alloc_ours(PYMEM_DOMAIN_MEM, &alloc.base_mem)) {
+            PyMem_SetAllocator(PYMEM_DOMAIN_OBJ, &alloc.base_obj);
+            PyMem_SetAllocator(PYMEM_DOMAIN_MEM, &alloc.base_mem);
+            alloc.installed = 0;
+        }
+        else {
+            /* Someone wrapped ours (tracemalloc started meanwhile, say): what
+             * they saved calls us, so we stay, inactive, for good. */
+            alloc.stranded = 1;
+        }
+    }
+    PyObject *samples = PyList_New(alloc.nsamples);
+    if (samples == NULL) {
+        alloc_clear_samples();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < alloc.nsamples; i++) {
+        alloc_sample *s = &alloc.samples[i];
+        PyObject *frames = PyTuple_New(s->depth);
+        if (frames == NULL) {
+            Py_DECREF(samples);
+            alloc_clear_samples();
+            return NULL;
+        }
+        for (int d = 0; d < s->depth; d++) {
+            PyCodeObject *code = s->code[d];
+            int line = line_number(code, s->lasti[d], s->lineno_field[d]);
+            PyObject *pair = Py_BuildValue("(Oi)", code->co_filename, line);
+            if (pair == NULL) {
+                Py_DECREF(frames);
+                Py_DECREF(samples);
+                alloc_clear_samples();
+                return NULL;
+            }
+            PyTuple_SET_ITEM(frames, d, pair);
+        }
+        PyObject *item = Py_BuildValue("(nN)", (Py_ssize_t)s->size, frames);
+        if (item == NULL) {
+            Py_DECREF(samples);
+            alloc_clear_samples();
+            return NULL;
+        }
+        PyList_SET_ITEM(samples, i, item);
+    }
+    unsigned long long count = alloc.count, bytes = alloc.bytes, dropped = alloc.dropped;
+    alloc_clear_samples();
+    return Py_BuildValue("(KKKN)", count, bytes, dropped, samples);
+}
+
+PyDoc_STRVAR(alloc_state_doc,
+"alloc_state() -> (installed, stranded, active, allocations, bytes, samples)\n"
+"\n"
+"Where the allocation sampler's hook is, and what this run has counted so far.");
+
+static PyObject *
+fastsample_alloc_state(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    return Py_BuildValue("(iiiKKn)", alloc.installed, alloc.stranded, alloc.active,
+                         alloc.count, alloc.bytes, alloc.nsamples);
+}
+
+
 static PyMethodDef fastsample_methods[] = {
     {"sample", (PyCFunction)(void (*)(void))fastsample_sample, METH_FASTCALL, sample_doc},
+    {"alloc_start", (PyCFunction)(void (*)(void))fastsample_alloc_start, METH_FASTCALL, alloc_start_doc},
+    {"alloc_stop", fastsample_alloc_stop, METH_NOARGS, alloc_stop_doc},
+    {"alloc_state", fastsample_alloc_state, METH_NOARGS, alloc_state_doc},
 #ifdef __linux__
     {"proc_read", (PyCFunction)(void (*)(void))fastsample_proc_read, METH_FASTCALL, proc_read_doc},
     {"thread_ids", fastsample_thread_ids, METH_NOARGS, thread_ids_doc},

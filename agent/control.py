@@ -11,8 +11,8 @@ guard can pay for it.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any, Final
+from collections.abc import Callable, Mapping
+from typing import Any, Final, cast
 
 from dyper.agent import protocol
 from dyper.agent.budget import MAX_DETAIL_DELAY_S, MAX_REPORT_DELAY_S, MAX_SAMPLE_DELAY_S
@@ -32,7 +32,7 @@ CONTROL_BATCH: Final = 64
 RESYNC_MIN_S: Final = 1.0
 
 
-def their_timings(timings: dict[str, Any]) -> dict[str, Any]:
+def their_timings(timings: Mapping[str, Any]) -> dict[str, Any]:
     """The monitor's timings within our planner's bounds (the protocol made them finite and non-negative).
 
     Agent._replan takes them only where they are slower than our own plan; the
@@ -166,16 +166,19 @@ class Control:
         if msg_type == protocol.DETACH:
             self._detach()
         elif msg_type == protocol.CONFIGURE:
+            configure = cast(protocol.Configure, body)
             # The protocol checked the budget's range; the loop applies it under
             # the ceiling, as set_budget's. A "ceiling" the monitor sends is not
             # taken: only whoever started the agent sets it.
-            if body.get("budget") is not None:
-                self.pending_budget = float(body["budget"])
-            if body.get("paused") is not None:
-                self.pending_pause = bool(body["paused"])
-            if body.get("reset"):
+            budget = configure.get("budget")
+            if budget is not None:
+                self.pending_budget = float(budget)
+            paused = configure.get("paused")
+            if paused is not None:
+                self.pending_pause = bool(paused)
+            if configure.get("reset"):
                 self.pending_reset = True
-            theirs = body.get("plan")
+            theirs = configure.get("plan")
             running_at = self.under_ceiling(self.pending_budget if self.pending_budget is not None else self.budget)
             if theirs is not None and self.made_for(their_timings(theirs), running_at):
                 # A plan for another budget (one sent before a change) would hold us to that budget's delays.
@@ -189,12 +192,13 @@ class Control:
                 # few seconds the two schedules took turns.
                 self.monitor_plan_until = now + self._plan_ttl()
         elif msg_type == protocol.DETAIL:
-            name = body["proflet"]
+            detail = cast(protocol.Detail, body)
+            name = detail["proflet"]
             # Only while the monitor's plan holds: on our own we keep our own schedule.
             if name in self._bursts.proflet_costs and self.monitor_plan is not None:
                 if not self.monitor_requests:
                     # From now on the monitor says when.
                     self.monitor_requests = True
                     self._bursts.hand_over()
-                self._bursts.request(name, first=bool(body.get("first")))
+                self._bursts.request(name, first=bool(detail.get("first")))
         return False

@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from dyper.agent import protocol
 from dyper.agent.budget import Plan, ProfletCosts, plan
@@ -33,7 +32,8 @@ BURST_TIMEOUT_S = 10.0
 #: Re-plan triggers: a relative change in a cost or a priority beyond this.
 REPLAN_CHANGE = 0.1
 
-Message = tuple[str, dict[str, Any]]
+#: a control message for the agent: its type and its body, as the protocol types them
+Message = tuple[str, protocol.Configure | protocol.Detail]
 #: proflet name -> its analyzer's priority for this session (None: keep the agent's)
 Priorities = Callable[[str], float | None]
 
@@ -94,7 +94,7 @@ class AgentSchedule:
             self.replans += 1
             self.scheduler.set_delays(new.detail_delay_s, now)
             self.scheduler.queue.allows = {n: self.scheduler.queue.allows.get(n, frozenset()) for n in self.costs}
-        out: list[Message] = [(protocol.CONFIGURE, {"plan": self.timings()})]
+        out: list[Message] = [(protocol.CONFIGURE, protocol.Configure(plan=self.timings()))]
         out += self.tick(now)
         return out
 
@@ -131,12 +131,12 @@ class AgentSchedule:
             if name in self._first:
                 # the agent's queue serves it first too, ahead of a dear burst waiting for money
                 self._first.discard(name)
-                out.append((protocol.DETAIL, {"proflet": name, "first": True}))
+                out.append((protocol.DETAIL, protocol.Detail(proflet=name, first=True)))
             else:
-                out.append((protocol.DETAIL, {"proflet": name}))
+                out.append((protocol.DETAIL, protocol.Detail(proflet=name)))
         return out
 
-    def timings(self) -> dict[str, Any]:
+    def timings(self) -> protocol.Plan:
         assert self.plan is not None
         return {
             "sample_delay_s": self.plan.sample_delay_s,
@@ -147,7 +147,7 @@ class AgentSchedule:
             "budget": self.plan.budget,
         }
 
-    def set_budget(self, budget: float, now: float) -> dict[str, Any] | None:
+    def set_budget(self, budget: float, now: float) -> protocol.Plan | None:
         """A new budget (``dyper budget``): re-plan now, not a report later, and give the timings to send.
 
         At 0.01% the next report can be 30 s away, and the agent would run at

@@ -27,7 +27,7 @@ import contextlib
 import socket
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import zmq
@@ -276,7 +276,7 @@ class Monitor:
             with contextlib.suppress(zmq.ZMQError):
                 await sock.send_multipart([ident, data], flags=zmq.NOBLOCK)
 
-    def post(self, ident: bytes, msg_type: str, body: dict[str, Any]) -> None:
+    def post(self, ident: bytes, msg_type: str, body: Mapping[str, Any]) -> None:
         if self._outbox is not None:
             self._outbox.put_nowait((ident, protocol.encode(msg_type, body)))
 
@@ -490,13 +490,13 @@ class Monitor:
         candidates.sort(key=lambda s: (s.connected, s.key[2]))
         return candidates[-1] if candidates else None
 
-    def send_to_pid(self, pid: int, msg_type: str, body: dict[str, Any]) -> int:
+    def send_to_pid(self, pid: int, msg_type: str, body: Mapping[str, Any]) -> int:
         session = self.session_for(pid)
         if session is None:
             return 0
         return self._send_to_agents(session, msg_type, lambda state: body)
 
-    def _send_to_agents(self, session: Session, msg_type: str, body: Callable[[AgentState], dict[str, Any]]) -> int:
+    def _send_to_agents(self, session: Session, msg_type: str, body: Callable[[AgentState], Mapping[str, Any]]) -> int:
         """Post to each connected agent of ``session`` the body made for it; how many were told."""
         n = 0
         for state in session.agents.values():
@@ -512,17 +512,21 @@ class Monitor:
         A reset goes through the agent: it sends what it has, then a reset
         mark, and the session starts afresh at the mark (Session.reset).
         """
-        body = {"reset": True} if op == "reset" else {"paused": op == "pause"}
+        body = protocol.Configure(reset=True) if op == "reset" else protocol.Configure(paused=op == "pause")
         return self.send_to_pid(pid, protocol.CONFIGURE, body)
 
     def _configure_budget(self, session: Session, budget: float) -> int:
         """Send a new budget to the session's connected agents, each with the plan for it (DYMON re-plans)."""
         now = time.monotonic()
 
-        def body(state: AgentState) -> dict[str, Any]:
+        def body(state: AgentState) -> protocol.Configure:
             schedule = self.schedules.get(state.agent_id)
             timings = schedule.set_budget(budget, now) if schedule is not None else None
-            return {"budget": budget} if timings is None else {"budget": budget, "plan": timings}
+            return (
+                protocol.Configure(budget=budget)
+                if timings is None
+                else protocol.Configure(budget=budget, plan=timings)
+            )
 
         return self._send_to_agents(session, protocol.CONFIGURE, body)
 

@@ -10,17 +10,22 @@ overhead per method. The callback runs in the application's threads at
 every collection, so it does the least it can: two clock reads, the calling
 frame's code and line as the key, a few increments in a bounded table.
 
-Detailing, in two modes scheduled as two proflets as DYPER does: this one
-traces allocations with one frame (the allocating line, cheap), and
-``memory_stacks`` (:mod:`proflets.memory_stacks`) with several frames (the
-line and its callers, costly, so the scheduler runs it less often). Both use
-tracemalloc for a burst: count and bytes per site of the blocks allocated
-during the burst and still alive at its end, extrapolated to rates.
-tracemalloc only knows live blocks, so temporaries freed within the burst
-are not seen; their churn shows in the basic analysis, as young collections
-charged to the line that allocates them. tracemalloc is off again after
-each burst; if the application traces already, its tracing is left alone
-and the burst is skipped (with the reason in the report).
+Detailing, in two modes scheduled as two proflets as DYPER does. This one
+samples allocations: a hook over the object and memory allocators (C, in
+``agent._fastsample``) counts every allocation and records the allocating
+line at a Poisson process over the bytes (one sample per 256 kB on average),
+so a site's rate is what it allocated during the burst, temporaries
+included, estimated from the samples and scaled to the exact counts. It
+slows allocation-heavy code by a few percent, so its bursts last seconds
+and see the threads that hold the GIL part of the time. Where the C
+extension is missing it falls back to tracemalloc with one frame: what was
+allocated during the burst and is still alive at its end, ten times slower
+and so in bursts of milliseconds. ``memory_stacks``
+(:mod:`proflets.memory_stacks`) traces with several frames through
+tracemalloc (the line and its callers, live at the burst's end, costly, so
+the scheduler runs it less often). tracemalloc is off again after each
+burst; if the application traces already, its tracing is left alone and the
+burst is skipped (with the reason in the report).
 
 Priority, as DYPER's: from how much GC counts and memory change over the
 last 50 reports.

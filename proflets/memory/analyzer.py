@@ -36,6 +36,9 @@ class SiteTotals:
         #: what the bursts cost, as the agent measured: fixed (start and end) and slowdown charged
         self.fixed_s = 0.0
         self.slowdown_s = 0.0
+        #: the bursts sampled allocations (what was allocated during them), rather than
+        #: traced them with tracemalloc (what was still alive at their ends)
+        self.sampled = False
 
     def add(self, burst: Mapping[str, Any]) -> None:
         length = float(burst.get("length_s") or 0.0)
@@ -49,6 +52,7 @@ class SiteTotals:
         self.bursts += 1
         self.nframe = int(burst.get("nframe") or self.nframe)
         self.factor = float(burst.get("factor") or self.factor)
+        self.sampled = self.sampled or bool(burst.get("sampled"))
         own = burst.get("dyper") or (0, 0)
         self.own[0] += float(own[0])
         self.own[1] += float(own[1])
@@ -96,6 +100,7 @@ class SiteTotals:
             "burst_fixed_ms": 1000.0 * self.fixed_s / max(1, self.bursts + self.skipped),
             "burst_slowdown_s": self.slowdown_s / max(1, self.bursts + self.skipped),
             "dyper_bytes_per_s": self.own[1] / self.burst_s if self.burst_s > 0 else 0.0,
+            "sampled": self.sampled,
         }
         if self.skipped:
             out["skipped"] = self.skipped
@@ -112,6 +117,7 @@ class SiteTotals:
             "factor": self.factor,
             "costs": [self.fixed_s, self.slowdown_s],
             "skipped": [self.skipped, self.skip_reason],
+            "sampled": self.sampled,
         }
 
     def restore(self, state: Mapping[str, Any]) -> None:
@@ -129,6 +135,7 @@ class SiteTotals:
         self.fixed_s, self.slowdown_s = (float(x) for x in state.get("costs") or (0.0, 0.0))
         skipped = state.get("skipped") or (0, "")
         self.skipped, self.skip_reason = int(skipped[0]), str(skipped[1])
+        self.sampled = bool(state.get("sampled"))
 
 
 GcSite = tuple[str, int, str]
@@ -152,7 +159,7 @@ class _Report:
 FINDING_MIN_S = 5.0
 FINDING_MIN_COLLECTIONS = 20
 #: An allocation site is a finding when it has this share of the bytes the
-#: bursts traced (still alive at their ends) ...
+#: bursts sampled (allocated during them; with tracemalloc, still alive at their ends) ...
 SITE_FINDING_PCT = 20.0
 #: ... at this rate at least: a quiet process's top site is not news.
 SITE_FINDING_BYTES_PER_S = 100_000.0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib
 import math
 import os
 import sys
@@ -458,6 +459,51 @@ def _churn(n: int) -> None:
         _ = [i]
 
 
+#: Mean bytes between two samples of the allocation sampler: a few hundred
+#: samples a second of code allocating 100 MB/s, each a few reads; the hook's
+#: count of every allocation costs 1 to 4 ns, the samples next to nothing.
+SAMPLE_MEAN_BYTES = 256 << 10
+#: Samples a burst keeps (8 frames each, about 150 bytes); past it the counts
+#: still count and the sites are scaled to them.
+MAX_SAMPLES = 8192
+
+
+def _sampler() -> Any:
+    """The C allocation sampler (``_fastsample.alloc_*``), or None where the extension is missing."""
+    try:
+        fast = importlib.import_module("dyper.agent._fastsample")
+    except ImportError:
+        return None
+    return fast if hasattr(fast, "alloc_start") else None
+
+
+#: Whether memory's bursts sample (the C extension loads) or trace with tracemalloc.
+_SAMPLER_LOADS = _sampler() is not None
+
+
+def _weigh(
+    samples: Sequence[tuple[int, tuple[tuple[str, int], ...]]], mean: float, count: int, size: int
+) -> list[tuple[int, tuple[tuple[str, int], ...], float, float]]:
+    """Each sample as (size, frames, allocations, bytes) it stands for, summing to the exact ``count`` and ``size``.
+
+    A Poisson process over the bytes samples an allocation of s bytes with
+    probability p = 1 - exp(-s / mean), so it stands for 1/p allocations and
+    s/p bytes (unbiased); scaled then to the totals the hook counted exactly,
+    which also covers the samples dropped past MAX_SAMPLES.
+    """
+    weighed = []
+    for s, frames in samples:
+        p = -math.expm1(-s / mean) if s > 0 else 0.0
+        if p > 0:
+            weighed.append((s, frames, 1.0 / p, s / p))
+    total_n = sum(w[2] for w in weighed)
+    total_b = sum(w[3] for w in weighed)
+    if total_n <= 0 or total_b <= 0:
+        return []
+    kn, kb = count / total_n, size / total_b
+    return [(s, frames, n * kn, b * kb) for s, frames, n, b in weighed]
+
+
 _live: weakref.WeakSet[AllocationSites] = weakref.WeakSet()
 _fork_handler = False
 
@@ -493,8 +539,15 @@ class AllocationSites(Collector):
     # timings would see; threads and timing measure the kernel's figures.
     ALLOWS: ClassVar[frozenset[str]] = frozenset({"threads", "timing"})
 
+    #: Sample allocations with the C hook where it loads, instead of tracing them
+    #: with tracemalloc: what was allocated during the burst, not what is alive at its end.
+    SAMPLED: ClassVar[bool] = False
+
     def __init__(self) -> None:
         global _fork_handler
+        self._sampler = _sampler() if self.SAMPLED else None
+        #: seconds each allocation costs under the sampler's hook, as calibrated
+        self._per_alloc_s = 0.0
         self._names = FunctionNames()
         #: how many times slower allocation runs under our tracing (None: not measured yet)
         self._factor: float | None = None
@@ -524,12 +577,30 @@ class AllocationSites(Collector):
         return time.process_time() - time.thread_time()
 
     def _calibrate(self) -> float:
+        if self._sampler is not None:
+            return self._calibrate_sampler()
         import tracemalloc
 
         # Each traced allocation costs 0.3 us (one frame) to 5 us (eight): a short loop is enough.
         # (paired_best runs it twice per state and run.)
         n = 1000
         plain, hooked = paired_best(3, lambda: _churn(n), lambda: tracemalloc.start(self._frames()), tracemalloc.stop)
+        return max(1.0, hooked / plain) if plain > 0 else 1.0
+
+    def _calibrate_sampler(self) -> float:
+        """How many times slower allocation runs hooked, and each allocation's cost (``_per_alloc_s``)."""
+        fs = self._sampler
+        assert fs is not None
+        n = 20_000  # about a millisecond: the hook adds a few percent, within a timer's noise on less
+        fs.alloc_start(float(SAMPLE_MEAN_BYTES), MAX_SAMPLES)
+        _churn(n)
+        counted = fs.alloc_stop()
+        allocations = counted[0] if counted else 0
+        plain, hooked = paired_best(
+            3, lambda: _churn(n), lambda: fs.alloc_start(float(SAMPLE_MEAN_BYTES), MAX_SAMPLES), fs.alloc_stop
+        )
+        # At least a nanosecond: a noisy calibration must not make the hook free.
+        self._per_alloc_s = max(1e-9, (hooked - plain) / allocations) if allocations else 5e-9
         return max(1.0, hooked / plain) if plain > 0 else 1.0
 
     def start_detail(self, ctx: DetailContext) -> None:
@@ -547,33 +618,50 @@ class AllocationSites(Collector):
         else:
             if self._factor is None:
                 self._factor = self._calibrate()
-            tracemalloc.start(self._frames())
-            self._ours = True
+            if self._sampler is not None:
+                try:
+                    self._sampler.alloc_start(float(SAMPLE_MEAN_BYTES), MAX_SAMPLES)
+                except RuntimeError as exc:  # another hook went over ours once: we stay out
+                    self._result = {"skipped": str(exc)}
+                else:
+                    self._ours = True
+            else:
+                tracemalloc.start(self._frames())
+                self._ours = True
         self._running = True
         self._started = time.perf_counter()
         self._app_cpu0 = self._app_cpu()
 
-    def _stop_tracing(self) -> None:
+    def _stop_tracing(self) -> Any:
+        """Stop what the burst started; the sampler's counts and samples, if it ran."""
         if self._ours:
             self._ours = False
+            if self._sampler is not None:
+                return self._sampler.alloc_stop()
             import tracemalloc
 
             tracemalloc.stop()
+        return None
 
     def _charge(self) -> None:
         if not self._ours:
             return  # nothing of ours slowed the application
+        if self._sampler is not None:
+            # The hook counts every allocation: each cost what the calibration measured.
+            lost = self._sampler.alloc_state()[3] * self._per_alloc_s
+        else:
+            lost = (self._app_cpu() - self._app_cpu0) * (1.0 - 1.0 / (self._factor or 1.0))
         # Monotonic: the agent charges what it has not charged yet.
-        lost = (self._app_cpu() - self._app_cpu0) * (1.0 - 1.0 / (self._factor or 1.0))
         self._lost_s = max(self._lost_s, lost)
 
     def slowdown_s(self) -> float:
         if self._running and self._ours:
             self._charge()
-            import tracemalloc
+            if self._sampler is None:
+                import tracemalloc
 
-            if tracemalloc.get_tracemalloc_memory() > MAX_TRACE_MEMORY:
-                self._finish()  # bound what reading the traces costs, and what tracing holds
+                if tracemalloc.get_tracemalloc_memory() > MAX_TRACE_MEMORY:
+                    self._finish()  # bound what reading the traces costs, and what tracing holds
         return self._lost_s
 
     def _finish(self) -> None:
@@ -588,6 +676,9 @@ class AllocationSites(Collector):
             self._result["length_s"] = length
             return
         self._charge()
+        if self._sampler is not None:
+            self._finish_sampled(length)
+            return
         if not tracemalloc.is_tracing():
             self._ours = False  # the application stopped it under us: nothing of ours to stop
             self._result = {"length_s": length, "skipped": "tracemalloc was stopped during the burst"}
@@ -598,6 +689,31 @@ class AllocationSites(Collector):
         self._result = self._rows(self._aggregate(traces, limit), length)
         self._result["nframe"] = min(self.NFRAME, limit)
         self._result["factor"] = self._factor
+
+    def _finish_sampled(self, length: float) -> None:
+        seen = self._stop_tracing()
+        if seen is None:
+            self._result = {"length_s": length, "skipped": "the allocation sampler was not running"}
+            return
+        count, size, dropped, samples = seen
+        n = self.NFRAME
+        by_traceback: dict[tuple[Any, ...], list[float]] = {}
+        for _, frames, allocations, nbytes in _weigh(samples, SAMPLE_MEAN_BYTES, count, size):
+            # No Python frame: an allocation in a thread's start, or C code on its own.
+            key = () if _dyper_s(frames) else (frames[:n] or (("<unknown>", 0),))
+            row = by_traceback.setdefault(key, [0.0, 0.0])
+            row[0] += allocations
+            row[1] += nbytes
+        self._result = self._rows(by_traceback, length)
+        self._result["nframe"] = n
+        self._result["factor"] = self._factor
+        self._result["sampled"] = {
+            "allocations": count,
+            "bytes": size,
+            "samples": len(samples),
+            "dropped": dropped,
+            "mean_bytes": SAMPLE_MEAN_BYTES,
+        }
 
     def _frames(self) -> int:
         return max(self.NFRAME, self.TRACE_FRAMES)
@@ -621,10 +737,10 @@ class AllocationSites(Collector):
                 row[1] += trace[1]
         return out
 
-    def _rows(self, by_traceback: Mapping[tuple[Any, ...], list[int]], length: float) -> dict[str, Any]:
-        own = [0, 0]
-        other = [0, 0]
-        mine: list[tuple[tuple[Any, ...], list[int]]] = []
+    def _rows(self, by_traceback: Mapping[tuple[Any, ...], Sequence[float]], length: float) -> dict[str, Any]:
+        own = [0.0, 0.0]
+        other = [0.0, 0.0]
+        mine: list[tuple[tuple[Any, ...], list[float]]] = []
         for tb, (count, size) in by_traceback.items():
             if not tb or tb[0][0].startswith(OWN_DIRS):
                 own[0] += count
@@ -678,15 +794,30 @@ class MemoryCollector(AllocationSites):
     """The basic analysis (RSS, GC) at every report, and allocation sites with one frame for a burst."""
 
     name = "memory"
-    # Measured: the first burst calibrates tracemalloc's slowdown (a few ms);
-    # each ends reading its traces: 21 to 24 ms a burst of planted_memory.py.
-    OVHD_MS = 25.0
-    # Allocation-heavy code runs about ten times slower traced with one frame:
-    # a CPU-bound process loses nine tenths of the burst.
-    SLOW = 9.0
-    # Short bursts, more often: what a burst sees is what is still alive at
-    # its end, and reading it costs in proportion.
-    ITVL_MS = 500.0
+    SAMPLED = True
+    if _SAMPLER_LOADS:
+        # The sampler's hook costs allocation-heavy code a few percent (1 to
+        # 4 ns an allocation) and a burst ends reading a few thousand
+        # samples: long bursts, so they see the threads that hold the GIL a
+        # part of the time. Calibrated from the bursts as ever.
+        OVHD_MS = 3.0
+        SLOW = 0.08
+        ITVL_MS = 2000.0
+        # A few percent slower allocation changes no count or timing another
+        # proflet takes; tracemalloc (memory_stacks) would wrap the hook, and
+        # heap's census allocates a list of every object.
+        ALLOWS = frozenset({"cpu", "io", "threads", "timing"})
+    else:
+        # tracemalloc. Measured: the first burst calibrates its slowdown (a
+        # few ms); each ends reading its traces: 21 to 24 ms a burst of
+        # planted_memory.py.
+        OVHD_MS = 25.0
+        # Allocation-heavy code runs about ten times slower traced with one
+        # frame: a CPU-bound process loses nine tenths of the burst.
+        SLOW = 9.0
+        # Short bursts, more often: what a burst sees is what is still alive
+        # at its end, and reading it costs in proportion.
+        ITVL_MS = 500.0
     PRTY = 0.3
     NFRAME = 1
     # Its passes turn the GC callback off when watching all the time costs too much.

@@ -63,8 +63,13 @@ def sites(console: Console, name: str, section: Mapping[str, Any], limit: int) -
         console.print(f"[dim]{name}: no allocation sites yet (no detailing burst)[/]")
         return
     table = Table(
-        title=f"{name}: allocation sites (blocks alive at the end of {section.get('bursts')} bursts,"
-        f" {num(section.get('burst_s'), '{:.1f}')} s traced)",
+        title=(
+            f"{name}: allocation sites (allocated during {section.get('bursts')} bursts,"
+            f" {num(section.get('burst_s'), '{:.1f}')} s sampled)"
+            if section.get("sampled")
+            else f"{name}: allocation sites (blocks alive at the end of {section.get('bursts')} bursts,"
+            f" {num(section.get('burst_s'), '{:.1f}')} s traced)"
+        ),
         header_style="bold",
     )
     for col in ("bytes/s", "blocks/s", "bytes %", "function", "where", *(("called from",) if name != "memory" else ())):

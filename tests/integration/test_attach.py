@@ -193,7 +193,7 @@ def test_attach_without_permission_says_so(sleeping_main_target):
     nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
     if (
         subprocess.run(
-            [*nobody, sys.executable, "-c", "import monitor"],
+            [*nobody, sys.executable, "-c", "import dyper.monitor"],
             capture_output=True,
             cwd=Path(__file__).resolve().parents[2],
         ).returncode

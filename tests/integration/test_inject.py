@@ -480,7 +480,7 @@ def test_target_survives_injector_killed_mid_injection(spawn: Callable[..., Targ
     repo = Path(__file__).resolve().parents[2]
     injector_src = (
         "import sys\n"
-        "from monitor.inject import run_in_target\n"
+        "from dyper.monitor.inject import run_in_target\n"
         "print('go', flush=True)\n"
         "while True:\n"
         "    run_in_target(int(sys.argv[1]), 'x = 1')\n"

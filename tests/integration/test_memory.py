@@ -73,11 +73,17 @@ def _check_sites(section: dict[str, Any], truth: dict[str, float], seconds: floa
     assert section["bursts"] >= 1 and section["burst_s"] > 0, section
     top = section["sites"][0]
     assert _is_planted(top) and top["line"] == ALLOCATION_LINE and top["function"] == "build_batch", section["sites"]
-    # Each item is a tuple and a string built on that line; tuples come back
-    # from the interpreter's free list (not malloc'd, so not traced) as old
-    # batches go: between one and two blocks an item.
     items_per_s = truth["items"] / truth["seconds"]
-    assert 0.5 * items_per_s <= top["count_per_s"] <= 2.5 * items_per_s, (top, items_per_s)
+    if section.get("sampled"):
+        # memory samples allocations: every one made on that line, a string and a
+        # tuple an item and the list's growth, measured exactly with the hook alone at
+        # 2.8 (3.8 with the loop's int, on the line above), estimated from samples.
+        assert 1.5 * items_per_s <= top["count_per_s"] <= 5.0 * items_per_s, (top, items_per_s)
+    else:
+        # tracemalloc: each item is a tuple and a string built on that line; tuples
+        # come back from the interpreter's free list (not malloc'd, so not traced) as
+        # old batches go: between one and two blocks an item alive at the end.
+        assert 0.5 * items_per_s <= top["count_per_s"] <= 2.5 * items_per_s, (top, items_per_s)
     assert 30 <= top["bytes_per_s"] / top["count_per_s"] <= 150, top
     # extrapolated to the time the reports cover
     assert top["count"] == pytest.approx(top["count_per_s"] * seconds, rel=0.01, abs=1)
