@@ -49,7 +49,7 @@ from typing import Any, Final
 
 import zmq
 
-from dyper.agent import protocol
+from dyper.agent import procfs, protocol
 from dyper.agent.budget import (
     MIN_REPORT_DELAY_S,
     MIN_SAMPLE_DELAY_S,
@@ -84,7 +84,6 @@ from dyper.agent.watchdog import (
     interrupt,
     name_os_thread,
     our_threads,
-    thread_cpu_s,
 )
 from dyper.agent.watchdog import (
     STOP_HANG_S as STOP_HANG_S,  # tests read it here, with the agent's other limits
@@ -930,7 +929,7 @@ class Agent:
             ident = self._ident
             self._handing_over = True
             self._ident = 0  # from here on, the stuck thread owns nothing
-            cpu_s = max(0.0, thread_cpu_s(ident) - call.cpu0)
+            cpu_s = max(0.0, (procfs.thread_cpu_s(call.native) or call.cpu0) - call.cpu0)
             call.interrupted = interrupt(ident, Abandoned)
         finally:
             call.settled = True

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from typing import Any, Final, NoReturn, ParamSpec, Protocol, TypeVar
 
 from dyper.agent.ledger import cost_clock
+from dyper.agent.procfs import thread_cpu_s
 
 #: A collector hook that has run longer than HANG_FACTOR times the slowest
 #: call its proflet has made so far (or its planned fixed cost, for a census
@@ -47,6 +48,14 @@ from dyper.agent.ledger import cost_clock
 #: that the monitor sees only a brief gap.
 HANG_MIN_S: Final = 1.0
 HANG_FACTOR: Final = 10.0
+#: Past its limit, a hook is hung only if it is not running (its thread's CPU
+#: clock moved less than this since the watchdog's last look: blocked in C,
+#: on a lock, in a sleep) or spins (it burned its whole limit in CPU). A hook
+#: that runs, but slowly, waiting its turn for the GIL behind the
+#: application's threads (five GIL-bound threads stretch a report hook's
+#: 0.2 s of work to a second), is not: it is given up only past HANG_WALL_S.
+HANG_PROGRESS_S: Final = 0.001
+HANG_WALL_S: Final = 10.0
 #: While the agent stops, a hook that has run this long is given up at once:
 #: stop() must not wait for it. Not less: a proflet's close() (tracemalloc off,
 #: its gc callback removed) took over 0.25 s on a loaded CI machine, and a
@@ -84,15 +93,20 @@ class Abandoned(BaseException):
 class HookCall:
     """One collector hook call in progress, as the watchdog sees it."""
 
-    __slots__ = ("_token", "cpu0", "hook", "interrupted", "limit_s", "name", "settled", "start")
+    __slots__ = ("_token", "cpu0", "hook", "interrupted", "limit_s", "name", "native", "seen_cpu", "settled", "start")
 
-    def __init__(self, name: str, hook: str, start: float, cpu0: float, limit_s: float) -> None:
+    def __init__(self, name: str, hook: str, start: float, cpu0: float, limit_s: float, native: int = 0) -> None:
         self.name = name
         self.hook = hook
         self.start = start
         #: the calling thread's CPU clock at the start (what a spinning hook cost is charged from)
         self.cpu0 = cpu0
         self.limit_s = limit_s
+        #: the calling thread's kernel id: its CPU clock tells a hook that runs slowly from one
+        #: that does not run (a kernel id, not a pthread handle, which would crash once the thread is gone)
+        self.native = native
+        #: its CPU clock at the watchdog's last look (None: not looked at yet)
+        self.seen_cpu: float | None = None
         #: set by the watchdog once it has given the thread up: interrupted, or not
         self.settled = False
         self.interrupted = False
@@ -134,14 +148,6 @@ def interrupt(ident: int, exc: type[BaseException] | None) -> bool:
         return bool(set_async_exc(ident, exc if exc is not None else null) == 1)
     except Exception:  # no ctypes here (a minimal build): the hook is left to run
         return False
-
-
-def thread_cpu_s(ident: int) -> float:
-    """CPU seconds of another thread of this process (its CPU clock, as time.thread_time reads its own)."""
-    try:
-        return time.clock_gettime(time.pthread_getcpuclockid(ident))
-    except (OSError, AttributeError):
-        return 0.0
 
 
 def name_os_thread(name: str) -> None:
@@ -212,7 +218,9 @@ class Watchdog:
         """Call a hook of proflet ``name`` on the sampler thread, under the watchdog's eye."""
         slowest = max(self.slowest.get(name, 0.0), self._planned_s(name))
         limit = max(HANG_MIN_S, HANG_FACTOR * slowest)
-        call = HookCall(name, getattr(hook, "__name__", "hook"), time.monotonic(), cost_clock(), limit)
+        call = HookCall(
+            name, getattr(hook, "__name__", "hook"), time.monotonic(), cost_clock(), limit, threading.get_native_id()
+        )
         self.hook_call = call
         try:
             result = hook(*args, **kwargs)
@@ -270,7 +278,17 @@ class Watchdog:
         if call is None:
             return
         elapsed = time.monotonic() - call.start
-        limit = min(call.limit_s, STOP_HANG_S) if self._stopping.is_set() else call.limit_s
-        if elapsed < limit or not call.claim():
+        stopping = self._stopping.is_set()
+        limit = min(call.limit_s, STOP_HANG_S) if stopping else call.limit_s
+        cpu = (thread_cpu_s(call.native) or 0.0) if call.native else 0.0
+        seen, call.seen_cpu = call.seen_cpu, cpu
+        if elapsed < limit:
+            return
+        if not stopping and cpu > 0 and elapsed < HANG_WALL_S:
+            spinning = cpu - call.cpu0 >= limit
+            stalled = seen is not None and cpu - seen < HANG_PROGRESS_S
+            if not (spinning or stalled):
+                return  # running, slowly: its turns at the GIL come far apart
+        if not call.claim():
             return
         self._give_up(call, elapsed)

@@ -17,19 +17,6 @@ from dyper.agent.protocol import LOC_LOCK
 # --- agent half ------------------------------------------------------------------------
 
 
-def thread_cpu_s(native_id: int) -> float | None:
-    """CPU seconds of one of this process's threads, from its kernel thread id.
-
-    The thread's CPU clock id is built from its id the way glibc's
-    pthread_getcpuclockid does; unlike a pthread handle, a stale id gives an
-    error, never a crash.
-    """
-    try:
-        return time.clock_gettime((~native_id << 3) | 6)
-    except (OSError, OverflowError):
-        return None
-
-
 _ROOTS = frozenset({"LOAD_FAST", "LOAD_DEREF", "LOAD_GLOBAL", "LOAD_NAME", "LOAD_FAST_CHECK", "LOAD_FAST_BORROW"})
 _ATTRS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
 
@@ -137,7 +124,7 @@ def read_clocks() -> dict[int, tuple[int, float]]:
     """Python ident -> (kernel thread id, CPU seconds), for the threads threading knows but dyper's."""
     clocks = {}
     for ident, native in procfs.app_threads(NO_THREAD).items():
-        cpu = thread_cpu_s(native)
+        cpu = procfs.thread_cpu_s(native)
         if cpu is not None:
             clocks[ident] = (native, cpu)
     return clocks
@@ -187,7 +174,7 @@ class ThreadClocks:
         grown = 0.0
         others = {}
         for native in natives:
-            cpu = thread_cpu_s(native)
+            cpu = procfs.thread_cpu_s(native)
             if cpu is not None:
                 others[native] = cpu
                 # one found since the last look ran before it too: only growth counts
