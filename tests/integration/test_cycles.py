@@ -41,6 +41,7 @@ SAME = (
     "frame_hook",
     "gc_callbacks",
     "tracemalloc",
+    "alloc_hook",
     "profile",
     "trace",
     "threading_profile",

@@ -60,6 +60,8 @@ def probe():
         ),
         "gc_callbacks": [repr(c) for c in gc.callbacks],
         "tracemalloc": tracemalloc.is_tracing(),
+        # memory's allocation sampler: its hook over the allocators is out again (installed, stranded, active)
+        "alloc_hook": list(getattr(sys.modules.get("dyper.agent._fastsample"), "alloc_state", lambda: (0, 0, 0))()[:3]),
         "profile": repr(sys.getprofile()),
         "trace": repr(sys.gettrace()),
         "threading_profile": repr(threading.getprofile()),
