@@ -161,8 +161,12 @@ FINDING_MIN_COLLECTIONS = 20
 #: An allocation site is a finding when it has this share of the bytes the
 #: bursts sampled (allocated during them; with tracemalloc, still alive at their ends) ...
 SITE_FINDING_PCT = 20.0
-#: ... at this rate at least: a quiet process's top site is not news.
+#: ... at this rate at least: a quiet process's top site is not news. What stays
+#: alive (tracemalloc) is memory growth, news from 100 kB/s; what is allocated
+#: (the sampler, temporaries included) costs CPU, news from 10 MB/s: some
+#: 100,000 allocations a second, about 1% of a core in the allocator alone.
 SITE_FINDING_BYTES_PER_S = 100_000.0
+SAMPLED_SITE_FINDING_BYTES_PER_S = 10_000_000.0
 
 
 class MemoryAnalyzer(Analyzer):
@@ -376,8 +380,9 @@ class MemoryAnalyzer(Analyzer):
                     f"{100.0 * v[3] / self.pause_s:.0f}% of it is triggered in {function} "
                     f"({os.path.basename(file)}:{line})"
                 )
+        least = SAMPLED_SITE_FINDING_BYTES_PER_S if self.allocations.sampled else SITE_FINDING_BYTES_PER_S
         for row in self.allocations.rows(self.seconds, limit=2):
-            if row["bytes_pct"] >= SITE_FINDING_PCT and row["bytes_per_s"] >= SITE_FINDING_BYTES_PER_S:
+            if row["bytes_pct"] >= SITE_FINDING_PCT and row["bytes_per_s"] >= least:
                 out.append(
                     f"allocation site {row['function']} ({os.path.basename(row['file'])}:{row['line']}) "
                     f"allocates {_rate(row['bytes_per_s'])}, {row['bytes_pct']:.0f}% of the bytes traced "

@@ -213,3 +213,23 @@ def test_the_report_tables():
     assert "force" in text and "app.py:9" in text and "0/0/2" in text
     assert "memory: allocation sites" in text and "128.0 kB" in text
     assert "memory_stacks: allocation sites" in text and "caller (app.py:20)" in text
+
+
+@pytest.mark.parametrize(
+    ("sampled", "bytes_per_s", "found"),
+    [
+        (False, 256_000, True),  # alive at the ends of the bursts: memory growing at 256 kB/s is news
+        (True, 256_000, False),  # allocated, temporaries included: 256 kB/s costs next to nothing
+        (True, 40_000_000, True),  # 40 MB/s allocated does cost: some 1% of a core in the allocator
+    ],
+)
+def test_an_allocation_site_is_a_finding_at_a_rate_that_matters_for_what_was_measured(sampled, bytes_per_s, found):
+    a = MemoryAnalyzer()
+    for t in range(1, 11):
+        feed(a, float(t), data((0, 0, 0), 0.0, []))
+    size = bytes_per_s * 0.5  # one half-second burst
+    extra = {"sampled": {"allocations": 1000, "bytes": size}} if sampled else {}
+    a.merge_detail(burst([[APP, 5, "grow", 1000, size]], **extra))
+    assert a.results()["sampled"] is sampled
+    texts = [f for f in a.findings() if "allocation site grow" in f]
+    assert bool(texts) is found, a.findings()
