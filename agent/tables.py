@@ -53,6 +53,10 @@ _KIND_OF_CALL: Final = {
     **dict.fromkeys(("wait", "join", "_wait_for_tstate_lock", "waitpid", "wait4", "communicate"), LOC_WAIT),
 }
 _WAITING_IN: Final = frozenset({"Condition.wait", "Thread._wait_for_tstate_lock", "Thread.join"})
+#: Functions whose blocking calls wait for a child process: Popen's start
+#: reads the pipe its child closes at exec (or writes an exec error into),
+#: a wait for the child like Popen.wait, not I/O.
+_CHILD_WAIT_IN: Final = frozenset({"Popen._execute_child"})
 #: ``with lock:``: a leaf at the with-statement's entry is inside a C
 #: ``__enter__``, which in practice is a lock's acquire (a Python __enter__
 #: would be a frame of its own).
@@ -189,6 +193,8 @@ def wait_kind(code: CodeType, lasti: int) -> int:
         return LOC_LOCK if _opname_at(code, lasti) in _WITH_ENTRY else 0
     if name not in BLOCKING_CALLS:
         return 0
+    if code.co_qualname in _CHILD_WAIT_IN:
+        return LOC_WAIT
     kind = _KIND_OF_CALL.get(name, LOC_IO)
     if kind == LOC_LOCK and name == "acquire" and code.co_qualname in _WAITING_IN:
         return LOC_WAIT

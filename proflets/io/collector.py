@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 from dyper.agent import procfs
 from dyper.agent.proflet import Collector, DetailContext, ReportContext
-from dyper.agent.protocol import LOC_AGENT, LOC_BLOCKING, LOC_IO
+from dyper.agent.protocol import LOC_AGENT, LOC_BLOCKING, LOC_IO, LOC_WAIT
 from dyper.monitor.model.libraries import library_roots
 from dyper.proflets.base import YappiCharge, paired_best
 from dyper.proflets.io.common import IO_FIELDS, OTHER_KIND, classify, dotted_name, routines
@@ -268,7 +268,9 @@ class IoCollector(Collector):
         found = None
         where = ctx.code_at(loc)
         flags = ctx.loc_flags(loc)
-        if where is not None and not flags & LOC_AGENT:
+        # A wait (a child process, a condition) is not I/O whatever the call's name:
+        # Popen's start reads the pipe its child closes at exec.
+        if where is not None and not flags & (LOC_AGENT | LOC_WAIT):
             code, lasti = where
             callee = callee_name(code, lasti)
             if callee is not None:

@@ -304,3 +304,29 @@ def test_wait_kinds_of_threads_blocked_in_calls_with_calls_in_their_arguments():
             t.join(5)
         for s in (a, b, c, d):
             s.close()
+
+
+def test_popen_s_read_of_its_child_s_exec_pipe_is_a_wait_for_the_child_not_io():
+    # Found in CI: a loaded machine's slow fork and exec put samples of a
+    # `subprocess.run` thread in Popen._execute_child's os.read of the pipe the
+    # child closes at exec, and the io proflet listed that thread under "read".
+    import dis
+    import subprocess
+
+    from dyper.agent.tables import wait_kind
+
+    def reads(code):
+        return [
+            i.offset
+            for i in dis.get_instructions(code)
+            if i.opname.startswith("CALL") and callee_name(code, i.offset) == "read"
+        ]
+
+    start = subprocess.Popen._execute_child.__code__  # type: ignore[attr-defined]
+    assert reads(start), "Popen._execute_child reads its exec pipe"
+    assert {wait_kind(start, at) for at in reads(start)} == {LOC_WAIT}
+
+    def read_a_file(f):
+        return f.read()
+
+    assert {wait_kind(read_a_file.__code__, at) for at in reads(read_a_file.__code__)} == {LOC_IO}
