@@ -289,6 +289,29 @@ typedef struct {
     Py_ssize_t nsamples;  /* snapshots taken into it, threadless ones included */
 } snapshot;
 
+/* Record `f` in `r` (a strong reference to its code): 1 if recorded, 0 if
+ * the frame is one sys._current_frames would skip, -1 if it is corrupt (its
+ * link to the next frame cannot be trusted either: stop the walk). */
+static inline int
+frame_take(_PyInterpreterFrame *f, frame_rec *r)
+{
+    PyCodeObject *code = complete_frame_code(f);
+    if (code == NULL) {
+        return 0;
+    }
+    int lasti = _PyInterpreterFrame_LASTI(f);
+    if (lasti < -1 || lasti >= Py_SIZE(code)) {
+        /* Not an offset into this code (PyCode_Addr2Line would read out of
+         * bounds with it). */
+        return -1;
+    }
+    Py_INCREF(code);
+    r->code = code;
+    r->lasti = lasti;
+    r->lineno_field = frame_lineno_field(f);
+    return 1;
+}
+
 /* Make room for one more element; -1 (no exception set) if out of memory.
  * PyMem_Realloc never runs Python code, takes no CPython lock and does not
  * release the GIL, so it is fine under the thread-list lock (CPython itself
@@ -356,27 +379,18 @@ snapshot_take(snapshot *s, PyInterpreterState *interp,
              f != NULL && depth < MAX_DEPTH && visited < MAX_VISITED;
              f = f->previous, visited++)
         {
-            PyCodeObject *code = complete_frame_code(f);
-            if (code == NULL) {
-                continue;
-            }
-            int lasti = _PyInterpreterFrame_LASTI(f);
-            if (lasti < -1 || lasti >= Py_SIZE(code)) {
-                /* Not an offset into this code: a corrupt frame, whose link
-                 * to the next one cannot be trusted either. (PyCode_Addr2Line
-                 * would read out of bounds with it.) */
-                break;
-            }
             if (reserve_one((void **)&s->frames, &s->frames_cap,
                             s->nframes, sizeof(frame_rec)) < 0) {
                 return -1;
             }
-            frame_rec *r = &s->frames[s->nframes++];
-            Py_INCREF(code);
-            r->code = code;
-            r->lasti = lasti;
-            r->lineno_field = frame_lineno_field(f);
-            depth++;
+            int took = frame_take(f, &s->frames[s->nframes]);
+            if (took < 0) {
+                break;
+            }
+            if (took > 0) {
+                s->nframes++;
+                depth++;
+            }
         }
         if (depth == 0) {
             continue;   /* sys._current_frames lists no thread without a frame */
@@ -3077,9 +3091,7 @@ fastsample_frame_hook_installed(PyObject *module, PyObject *unused)
 typedef struct {
     size_t size;
     int depth;
-    PyCodeObject *code[ALLOC_DEPTH];   /* strong references, leaf first */
-    int lasti[ALLOC_DEPTH];
-    int lineno_field[ALLOC_DEPTH];
+    frame_rec frames[ALLOC_DEPTH];   /* leaf first */
 } alloc_sample;
 
 static struct {
@@ -3137,19 +3149,11 @@ alloc_record(size_t size)
          f != NULL && depth < ALLOC_DEPTH && visited < MAX_VISITED;
          f = f->previous, visited++)
     {
-        PyCodeObject *code = complete_frame_code(f);
-        if (code == NULL) {
-            continue;
+        int took = frame_take(f, &s->frames[depth]);
+        if (took < 0) {
+            break;
         }
-        int lasti = _PyInterpreterFrame_LASTI(f);
-        if (lasti < -1 || lasti >= Py_SIZE(code)) {
-            break;   /* not an offset into this code: see snapshot_take */
-        }
-        Py_INCREF(code);
-        s->code[depth] = code;
-        s->lasti[depth] = lasti;
-        s->lineno_field[depth] = frame_lineno_field(f);
-        depth++;
+        depth += took;
     }
     s->size = size;
     s->depth = depth;
@@ -3231,7 +3235,7 @@ alloc_clear_samples(void)
     alloc.nsamples = alloc.max_samples = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         for (int d = 0; d < samples[i].depth; d++) {
-            Py_DECREF(samples[i].code[d]);
+            Py_DECREF(samples[i].frames[d].code);
         }
     }
     free(samples);
@@ -3359,9 +3363,9 @@ fastsample_alloc_stop(PyObject *module, PyObject *unused)
             return NULL;
         }
         for (int d = 0; d < s->depth; d++) {
-            PyCodeObject *code = s->code[d];
-            int line = line_number(code, s->lasti[d], s->lineno_field[d]);
-            PyObject *pair = Py_BuildValue("(Oi)", code->co_filename, line);
+            frame_rec *r = &s->frames[d];
+            int line = line_number(r->code, r->lasti, r->lineno_field);
+            PyObject *pair = Py_BuildValue("(Oi)", r->code->co_filename, line);
             if (pair == NULL) {
                 Py_DECREF(frames);
                 Py_DECREF(samples);

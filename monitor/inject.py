@@ -652,32 +652,17 @@ def _preflight(pid: int) -> _Target:
             f"process {pid} ({name}) has no shared libc mapped (fully static binary?); "
             "dyper attach needs a dynamically linked glibc/musl process"
         )
-    libc_map = min((m for m in maps if m.path == libc_path), key=lambda m: m.start)
-    try:
-        libc_elf = _elf_for(pid, libc_map)
-    except Exception as e:
-        raise InjectError(f"cannot parse {libc_path} of process {pid}: {e}") from None
-    libc_bias = _load_bias(libc_elf, libc_path, maps)
+    libc_syms = _exported(pid, libc_path, maps)
     for sname in _LIBC_SYMBOLS:
-        if sname not in libc_elf.symbols:
+        if sname not in libc_syms:
             raise InjectError(f"{libc_path} of process {pid} does not export {sname}; unsupported libc")
-        syms[sname] = libc_bias + libc_elf.symbols[sname]
-    for sname in _THREAD_SYMBOLS:
-        if sname in libc_elf.symbols:
-            syms[sname] = libc_bias + libc_elf.symbols[sname]
-    if any(s not in syms for s in _THREAD_SYMBOLS):
+        syms[sname] = libc_syms[sname]
+    syms.update({s: libc_syms[s] for s in _THREAD_SYMBOLS if s in libc_syms})
+    pthread_path = next((p for p in paths if _basename(p).startswith("libpthread")), None)
+    if pthread_path is not None and any(s not in syms for s in _THREAD_SYMBOLS):
         # glibc before 2.34: the thread functions live in libpthread, which CPython links.
-        pthread_path = next((p for p in paths if _basename(p).startswith("libpthread")), None)
-        if pthread_path is not None:
-            pthread_map = min((m for m in maps if m.path == pthread_path), key=lambda m: m.start)
-            try:
-                pthread_elf = _elf_for(pid, pthread_map)
-            except Exception as e:
-                raise InjectError(f"cannot parse {pthread_path} of process {pid}: {e}") from None
-            pthread_bias = _load_bias(pthread_elf, pthread_path, maps)
-            for sname in _THREAD_SYMBOLS:
-                if sname not in syms and sname in pthread_elf.symbols:
-                    syms[sname] = pthread_bias + pthread_elf.symbols[sname]
+        pthread_syms = _exported(pid, pthread_path, maps)
+        syms.update({s: pthread_syms[s] for s in _THREAD_SYMBOLS if s not in syms and s in pthread_syms})
     missing = [s for s in _THREAD_SYMBOLS if s not in syms]
     if missing:
         raise InjectError(
@@ -699,6 +684,17 @@ def _preflight(pid: int) -> _Target:
 
 
 _RESTORE_RT_CACHE: dict[tuple[int, int, int, int, int], tuple[int, int] | None] = {}
+
+
+def _exported(pid: int, path: str, maps: Sequence[_Mapping]) -> dict[str, int]:
+    """The wanted symbols a library mapped in process ``pid`` exports, at their addresses there."""
+    first = min((m for m in maps if m.path == path), key=lambda m: m.start)
+    try:
+        elf = _elf_for(pid, first)
+    except Exception as e:
+        raise InjectError(f"cannot parse {path} of process {pid}: {e}") from None
+    bias = _load_bias(elf, path, maps)
+    return {name: bias + offset for name, offset in elf.symbols.items()}
 
 
 def _find_restore_rt(pid: int, maps: Sequence[_Mapping], path: str) -> tuple[int, int] | None:

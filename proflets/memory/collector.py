@@ -483,8 +483,8 @@ _SAMPLER_LOADS = _sampler() is not None
 
 def _weigh(
     samples: Sequence[tuple[int, tuple[tuple[str, int], ...]]], mean: float, count: int, size: int
-) -> list[tuple[int, tuple[tuple[str, int], ...], float, float]]:
-    """Each sample as (size, frames, allocations, bytes) it stands for, summing to the exact ``count`` and ``size``.
+) -> list[tuple[tuple[tuple[str, int], ...], float, float]]:
+    """Each sample as (frames, allocations, bytes) it stands for, summing to the exact ``count`` and ``size``.
 
     A Poisson process over the bytes samples an allocation of s bytes with
     probability p = 1 - exp(-s / mean), so it stands for 1/p allocations and
@@ -495,13 +495,13 @@ def _weigh(
     for s, frames in samples:
         p = -math.expm1(-s / mean) if s > 0 else 0.0
         if p > 0:
-            weighed.append((s, frames, 1.0 / p, s / p))
-    total_n = sum(w[2] for w in weighed)
-    total_b = sum(w[3] for w in weighed)
+            weighed.append((frames, 1.0 / p, s / p))
+    total_n = sum(w[1] for w in weighed)
+    total_b = sum(w[2] for w in weighed)
     if total_n <= 0 or total_b <= 0:
         return []
     kn, kb = count / total_n, size / total_b
-    return [(s, frames, n * kn, b * kb) for s, frames, n, b in weighed]
+    return [(frames, n * kn, b * kb) for frames, n, b in weighed]
 
 
 _live: weakref.WeakSet[AllocationSites] = weakref.WeakSet()
@@ -698,7 +698,7 @@ class AllocationSites(Collector):
         count, size, dropped, samples = seen
         n = self.NFRAME
         by_traceback: dict[tuple[Any, ...], list[float]] = {}
-        for _, frames, allocations, nbytes in _weigh(samples, SAMPLE_MEAN_BYTES, count, size):
+        for frames, allocations, nbytes in _weigh(samples, SAMPLE_MEAN_BYTES, count, size):
             # No Python frame: an allocation in a thread's start, or C code on its own.
             key = () if _dyper_s(frames) else (frames[:n] or (("<unknown>", 0),))
             row = by_traceback.setdefault(key, [0.0, 0.0])

@@ -314,7 +314,7 @@ def test_sampled_sites_share_the_bytes_as_they_were_allocated():
 def test_the_weights_stand_for_every_allocation():
     # A 1-byte allocation is sampled once in 2**18 times: it stands for that many.
     weighed = memory._weigh([(1, (("a.py", 1),)), (1 << 20, (("b.py", 2),))], float(1 << 18), 1000, 2_000_000)
-    (_, _, n_small, b_small), (_, _, n_big, b_big) = weighed
+    (_, n_small, b_small), (_, n_big, b_big) = weighed
     assert n_small + n_big == pytest.approx(1000) and b_small + b_big == pytest.approx(2_000_000)
     assert n_small / n_big > 1e4  # the small one stands for many more allocations
     assert memory._weigh([], 1.0, 10, 10) == []
