@@ -64,11 +64,14 @@
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
+#include <setjmp.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -103,6 +106,131 @@ enum {
 
 static pid_t self_pid;
 
+/* Guarded copies. process_vm_readv pins every page it reads
+ * (get_user_pages): on the VM of docs/measurements.md that was about half
+ * of the sampler's CPU per tick. The sampler thread copies with memcpy
+ * instead, under SIGSEGV and SIGBUS handlers of ours: a fault in that copy,
+ * and only there, jumps back (siglongjmp) and the read fails as
+ * process_vm_readv's would, counted. Any other fault goes to the handler
+ * that was there before ours, or, for the default action, the instruction
+ * faults again with it put back: a crash of the application looks as it
+ * would without us (faulthandler's traceback included). The handler reads
+ * no thread-local storage (a loaded module's TLS may allocate on first use):
+ * the kernel id of the faulting thread says whose fault it is. Each tick
+ * checks that our handlers are still the ones installed; if something
+ * replaced them (faulthandler enabled after us, an embedded JVM), that tick
+ * reads through process_vm_readv. DYPER_NATIVE_READS=syscall keeps to it. */
+static struct sigaction guard_prev[2];   /* SIGSEGV's, SIGBUS's before ours */
+static int guard_in[2];                  /* ours were installed (under the GIL) */
+static volatile pid_t guard_tid;         /* the thread whose copies are guarded */
+static volatile sig_atomic_t guard_armed;
+static sigjmp_buf guard_env;
+static int guard_tick;                   /* this tick copies under the guard (sampler thread) */
+static pthread_t guard_thread;
+static uint64_t guard_faults, guard_off_ticks;
+
+static void
+guard_handler(int sig, siginfo_t *info, void *uctx)
+{
+    if (guard_armed && guard_tid != 0 && (pid_t)syscall(SYS_gettid) == guard_tid) {
+        guard_armed = 0;
+        siglongjmp(guard_env, 1);
+    }
+    const struct sigaction *prev = &guard_prev[sig == SIGBUS];
+    if ((prev->sa_flags & SA_SIGINFO) && prev->sa_sigaction != NULL) {
+        prev->sa_sigaction(sig, info, uctx);
+        return;
+    }
+    if (!(prev->sa_flags & SA_SIGINFO) && prev->sa_handler != SIG_DFL && prev->sa_handler != SIG_IGN) {
+        prev->sa_handler(sig);
+        return;
+    }
+    /* The default action: put it back. A fault happens again as the
+     * instruction runs again; a signal that was sent is raised again. */
+    sigaction(sig, prev, NULL);
+    if (info == NULL || info->si_code <= 0) {
+        raise(sig);
+    }
+}
+
+static int
+guard_is_ours(int i)
+{
+    struct sigaction cur;
+    return sigaction(i == 0 ? SIGSEGV : SIGBUS, NULL, &cur) == 0 && (cur.sa_flags & SA_SIGINFO)
+           && cur.sa_sigaction == guard_handler;
+}
+
+/* Under the GIL, before the sampler thread starts. A handler left in
+ * another's chain by an earlier stop (see guard_remove) is not installed
+ * again: that one calls ours, which must keep calling what it replaced. */
+static void
+guard_install(void)
+{
+    const char *reads = getenv("DYPER_NATIVE_READS");
+    if (reads != NULL && strcmp(reads, "syscall") == 0) {
+        return;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = guard_handler;
+    /* ONSTACK: a stack overflow in an application thread still reaches
+     * faulthandler on its alternate stack. NODEFER: nothing is left blocked
+     * after the jump back. */
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    for (int i = 0; i < 2; i++) {
+        if (!guard_in[i] && sigaction(i == 0 ? SIGSEGV : SIGBUS, &sa, &guard_prev[i]) == 0) {
+            guard_in[i] = 1;
+        }
+    }
+}
+
+/* After the sampler thread ended: the handlers before ours, where ours are
+ * still the ones installed. */
+static void
+guard_remove(void)
+{
+    for (int i = 0; i < 2; i++) {
+        if (guard_in[i] && guard_is_ours(i) && sigaction(i == 0 ? SIGSEGV : SIGBUS, &guard_prev[i], NULL) == 0) {
+            guard_in[i] = 0;
+        }
+    }
+}
+
+/* One copy per pair of iovecs (same lengths), in order; the bytes of the
+ * pairs copied whole before a fault, like process_vm_readv. */
+static ssize_t
+guarded_copy(const struct iovec *local, const struct iovec *remote, unsigned long n)
+{
+    volatile ssize_t done = 0;
+    volatile unsigned long i = 0;
+    if (sigsetjmp(guard_env, 0) != 0) {
+        __atomic_fetch_add(&guard_faults, 1, __ATOMIC_RELAXED);
+        return done;
+    }
+    guard_armed = 1;
+    __asm__ __volatile__("" ::: "memory");
+    for (; i < n; i++) {
+        memcpy(local[i].iov_base, remote[i].iov_base, local[i].iov_len);
+        done += (ssize_t)local[i].iov_len;
+    }
+    __asm__ __volatile__("" ::: "memory");
+    guard_armed = 0;
+    return done;
+}
+
+/* Our own memory, read so that a bad address fails the read instead of
+ * faulting the process. local[i] and remote[i] have the same length. */
+static ssize_t
+self_readv(struct iovec *local, struct iovec *remote, unsigned long n)
+{
+    if (guard_tick && pthread_equal(pthread_self(), guard_thread)) {
+        return guarded_copy(local, remote, n);
+    }
+    return process_vm_readv(self_pid, local, n, remote, n, 0);
+}
+
 static int
 safe_read(void *dst, uintptr_t src, size_t n)
 {
@@ -111,7 +239,7 @@ safe_read(void *dst, uintptr_t src, size_t n)
     }
     struct iovec local = {dst, n};
     struct iovec remote = {(void *)src, n};
-    ssize_t got = process_vm_readv(self_pid, &local, 1, &remote, 1, 0);
+    ssize_t got = self_readv(&local, &remote, 1);
     return got == (ssize_t)n ? 0 : -1;
 }
 
@@ -803,8 +931,7 @@ verify(uintptr_t tstate_addr, uintptr_t top, uintptr_t cframe)
         }
         ssize_t want = (ssize_t)(n * FRAME_HEAD_SIZE) + (first ? (ssize_t)sizeof(ds) : 0)
                        + (ssize_t)(extra * sizeof(uintptr_t));
-        ssize_t got = process_vm_readv(self_pid, local + (1 - first), (unsigned long)(n + first + extra),
-                                       remote + (1 - first), (unsigned long)(n + first + extra), 0);
+        ssize_t got = self_readv(local + (1 - first), remote + (1 - first), (unsigned long)(n + first + extra));
         if (got != want) {
             return -1;
         }
@@ -949,7 +1076,7 @@ read_top_region(const PyThreadState *ts, uintptr_t *top)
     if (k == 0) {
         return 0;
     }
-    ssize_t got = process_vm_readv(self_pid, local, (unsigned long)k, remote, (unsigned long)k, 0);
+    ssize_t got = self_readv(local, remote, (unsigned long)k);
     if (got < 0 || (size_t)got < need) {
         return -1;
     }
@@ -1011,7 +1138,7 @@ read_threads(int *bad)
             remote[i + 1].iov_base = (void *)list_cache[i];
             remote[i + 1].iov_len = sizeof(PyThreadState);
         }
-        ssize_t got = process_vm_readv(self_pid, local, (unsigned long)(n + 1), remote, (unsigned long)(n + 1), 0);
+        ssize_t got = self_readv(local, remote, (unsigned long)(n + 1));
         int ok = got == (ssize_t)(sizeof(head) + (size_t)n * sizeof(PyThreadState)) && head == list_cache[0];
         for (int i = 0; ok && i < n; i++) {
             const PyThreadState *ts = &tick_threads[i].ts;
@@ -1138,7 +1265,7 @@ read_tops_regions(const int *which, int m)
     if (k == 0) {
         return;
     }
-    ssize_t got = process_vm_readv(self_pid, local, (unsigned long)k, remote, (unsigned long)k, 0);
+    ssize_t got = self_readv(local, remote, (unsigned long)k);
     size_t left = got < 0 ? 0 : (size_t)got;
     for (int i = 0; i < k; i++) {
         tick_thread *t = &tick_threads[owner[i]];
@@ -1469,6 +1596,15 @@ static void *
 sampler_main(void *arg)
 {
     (void)arg;
+    /* Its faults must reach the guard's handler: a blocked SIGSEGV would
+     * make the kernel kill the process instead. */
+    sigset_t faults;
+    sigemptyset(&faults);
+    sigaddset(&faults, SIGSEGV);
+    sigaddset(&faults, SIGBUS);
+    pthread_sigmask(SIG_UNBLOCK, &faults, NULL);
+    guard_thread = pthread_self();
+    guard_tid = (pid_t)syscall(SYS_gettid);
     uint64_t c0 = now_ns(CLOCK_THREAD_CPUTIME_ID);
     pthread_mutex_lock(&S->mu);
     uint64_t gen = S->gen;
@@ -1521,7 +1657,12 @@ sampler_main(void *arg)
         next = now + next_delay();
         pthread_mutex_unlock(&S->mu);
         pthread_mutex_lock(&S->tick_mu);
+        guard_tick = guard_in[0] && guard_in[1] && guard_is_ours(0) && guard_is_ours(1);
+        if (!guard_tick) {
+            add(&guard_off_ticks, 1);
+        }
         tick_once();
+        guard_tick = 0;
         pthread_mutex_unlock(&S->tick_mu);
         /* The tick's cost is the thread's CPU since the last tick's end: its
          * wake-up included, and one clock read a tick. */
@@ -1561,6 +1702,7 @@ after_fork_child(void)
     S->starved = 0;
     S->wake_fd = -1;
     self_pid = getpid();
+    guard_tid = 0;       /* the child has no sampler thread */
     slots_close_all();   /* the parent's threads' files */
 }
 
@@ -1659,13 +1801,16 @@ native_start(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     pthread_mutex_unlock(&S->mu);
     __atomic_store_n(&S->cpu_ns, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&S->exit_cpu_ns, 0, __ATOMIC_RELAXED);
-    /* Signals go to the application's threads, never to ours. */
+    guard_install();
+    /* Signals go to the application's threads, never to ours (its own
+     * faults aside: sampler_main). */
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     int rc = pthread_create(&S->thread, NULL, sampler_main, NULL);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (rc != 0) {
+        guard_remove();
         errno = rc;
         return PyErr_SetFromErrno(PyExc_OSError);
     }
@@ -1759,11 +1904,82 @@ native_stop(PyObject *module, PyObject *unused)
     pthread_join(S->thread, NULL);
     Py_END_ALLOW_THREADS
     S->running = 0;
+    guard_tid = 0;
+    guard_remove();
     __atomic_store_n(&S->wake_fd, -1, __ATOMIC_RELEASE);
     pthread_mutex_lock(&S->tick_mu);
     slots_close_all();   /* a stopped sampler keeps no file open */
     pthread_mutex_unlock(&S->tick_mu);
     Py_RETURN_NONE;
+}
+
+/* guard_probe()'s thread: a guarded copy of a page that cannot be read. */
+static void *
+probe_main(void *arg)
+{
+    sigset_t faults;
+    sigemptyset(&faults);
+    sigaddset(&faults, SIGSEGV);
+    sigaddset(&faults, SIGBUS);
+    pthread_sigmask(SIG_UNBLOCK, &faults, NULL);
+    guard_thread = pthread_self();
+    guard_tid = (pid_t)syscall(SYS_gettid);
+    uint64_t word = 0;
+    struct iovec local = {&word, sizeof(word)};
+    struct iovec remote = {arg, sizeof(word)};
+    guard_tick = 1;
+    ssize_t got = self_readv(&local, &remote, 1);
+    guard_tick = 0;
+    guard_tid = 0;
+    return (void *)(intptr_t)(got == 0 ? 1 : 0);
+}
+
+PyDoc_STRVAR(guard_probe_doc,
+"guard_probe() -> bool\n\n"
+"With the sampler stopped: install the guard's handlers, copy from a page\n"
+"mapped without access on a thread of our own as the sampler does, remove\n"
+"them. True: the copy faulted, the handler brought it back, the read failed.\n"
+"False: the guard is not used here (DYPER_NATIVE_READS=syscall, or\n"
+"another handler stands over ours).");
+
+static PyObject *
+native_guard_probe(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    if (S->running) {
+        PyErr_SetString(PyExc_RuntimeError, "the native sampler is running");
+        return NULL;
+    }
+    guard_install();
+    if (!(guard_in[0] && guard_in[1] && guard_is_ours(0) && guard_is_ours(1))) {
+        Py_RETURN_FALSE;
+    }
+    long page = sysconf(_SC_PAGESIZE);
+    void *none = mmap(NULL, (size_t)page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (none == MAP_FAILED) {
+        guard_remove();
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    uint64_t faults0 = __atomic_load_n(&guard_faults, __ATOMIC_RELAXED);
+    pthread_t th;
+    void *ok = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&S->tick_mu);
+    rc = pthread_create(&th, NULL, probe_main, none);
+    if (rc == 0) {
+        pthread_join(th, &ok);
+    }
+    pthread_mutex_unlock(&S->tick_mu);
+    Py_END_ALLOW_THREADS
+    munmap(none, (size_t)page);
+    guard_remove();
+    if (rc != 0) {
+        errno = rc;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return PyBool_FromLong(ok != NULL && __atomic_load_n(&guard_faults, __ATOMIC_RELAXED) == faults0 + 1);
 }
 
 PyDoc_STRVAR(sample_once_doc,
@@ -1897,7 +2113,7 @@ drain_codes(drain_code *t, size_t n, const frame_rec *ff, uint64_t nf)
         if (k == 0) {
             break;
         }
-        ssize_t got = process_vm_readv(self_pid, local, (unsigned long)k, remote, (unsigned long)k, 0);
+        ssize_t got = self_readv(local, remote, (unsigned long)k);
         size_t left = got < 0 ? 0 : (size_t)got;
         for (int j = 0; j < k; j++) {
             drain_code *d = which[j];
@@ -2148,7 +2364,10 @@ PyDoc_STRVAR(stats_doc,
 "the ring now), queued_ticks (instants they span), late_s and cost_s (moving\n"
 "averages of the thread's wake-up lateness and CPU per sample),\n"
 "states (thread samples per raw state), sampler_cpu_s (the sampler thread's\n"
-"CPU time, this run), tick_s (wall time inside ticks), running.");
+"CPU time, this run), tick_s (wall time inside ticks), running,\n"
+"guarded (the sampler copies memory under its fault handlers now),\n"
+"guard_faults (guarded copies that faulted: failed reads), guard_off_ticks\n"
+"(ticks read through process_vm_readv: our handlers were not in place).");
 
 static PyObject *
 native_stats(PyObject *module, PyObject *unused)
@@ -2194,7 +2413,7 @@ native_stats(PyObject *module, PyObject *unused)
     }
 #define LD(x) (unsigned long long)__atomic_load_n(&(x), __ATOMIC_RELAXED)
     return Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsNsdsdsdsdsi}",
+        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsNsdsdsdsdsisKsKsi}",
         "ticks", LD(S->ticks), "thread_samples", LD(S->thread_samples), "frames", LD(S->frames),
         "torn", LD(S->torn), "bad", LD(S->bad), "overflow", LD(S->overflow),
         "truncated", LD(S->truncated), "unread", LD(S->unread),
@@ -2202,7 +2421,9 @@ native_stats(PyObject *module, PyObject *unused)
         "drawn", LD(S->drawn), "lost", LD(S->lost), "reused", LD(S->reused),
         "code_hits", LD(S->code_hits), "code_misses", LD(S->code_misses), "queued", (unsigned long long)queued, "queued_ticks", (unsigned long long)queued_ticks,
         "states", states, "sampler_cpu_s", cpu_s, "tick_s", (double)LD(S->tick_ns) * 1e-9,
-        "late_s", late_s, "cost_s", cost_s, "running", S->running);
+        "late_s", late_s, "cost_s", cost_s, "running", S->running,
+        "guard_faults", LD(guard_faults), "guard_off_ticks", LD(guard_off_ticks),
+        "guarded", guard_in[0] && guard_in[1] && guard_is_ours(0) && guard_is_ours(1));
 #undef LD
 }
 
@@ -2327,6 +2548,7 @@ static PyMethodDef native_methods[] = {
     {"sample_once", (PyCFunction)native_sample_once, METH_O, sample_once_doc},
     {"drain", (PyCFunction)(void (*)(void))native_drain, METH_FASTCALL, drain_doc},
     {"stats", (PyCFunction)native_stats, METH_NOARGS, stats_doc},
+    {"guard_probe", (PyCFunction)native_guard_probe, METH_NOARGS, guard_probe_doc},
     {NULL, NULL, 0, NULL},
 };
 

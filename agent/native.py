@@ -113,6 +113,7 @@ class NativeTicker:
             "ticker_cpu_s": self._cpu_before + (s["sampler_cpu_s"] if s["running"] else 0.0),
             "handoff_s": 0.0,
             "latency_s": s["late_s"],
+            "tick_cost_s": s["cost_s"],  # the thread's CPU per instant, a moving average kept at every instant
             "latency_floor_s": 0.0,
             "ticks": s["ticks"],
             "busy_ticks": 0,

@@ -182,6 +182,9 @@ class Sampling:
         self._ticker_last: dict[str, Any] = {}
         #: costs charged since the last drain, spread over the samples it brought
         self._undrained_s = 0.0
+        #: the drains' own part of that since the last drain, and per sample (moving average)
+        self._own_undrained_s = 0.0
+        self.drain_cost_s = 0.0
         #: expected GIL hand-off cost of one wake-up of the agent's thread
         self.handoff_s = 0.0
         #: the collectors whose sampled hook is overridden (only those are called)
@@ -399,12 +402,22 @@ class Sampling:
             busy = (stats["busy_ticks"] - last["busy_ticks"]) / ticks
             self.handoff_s = busy * 2.0 * stats["latency_floor_s"]
         self._undrained_s += spent
+        self._own_undrained_s += own
+        tick_cost = float(stats.get("tick_cost_s", 0.0))
         if n > 0:
             per_sample = self._undrained_s / n
             self._undrained_s = 0.0
             self.samples_total += n
             alpha = max(EWMA_ALPHA * 4, min(1.0, n / self.samples_total))
             self.sample_cost_s += alpha * (per_sample - self.sample_cost_s)
-            if self.samples_total < TICKER_EARLY_SAMPLES:
-                self._replan()
+            self.drain_cost_s += alpha * (self._own_undrained_s / n - self.drain_cost_s)
+            self._own_undrained_s = 0.0
+        if tick_cost > 0 and self.samples_total > 0:
+            # The native sampler says what an instant costs its thread at
+            # every look, not only at drains, which come seconds apart at a
+            # low rate: the plan follows it without waiting for a drain to
+            # correct a first estimate. Only the drain's part is per drain.
+            self.sample_cost_s = tick_cost + self.drain_cost_s
+        if n > 0 and self.samples_total < TICKER_EARLY_SAMPLES:
+            self._replan()
         self.sync_ticker()

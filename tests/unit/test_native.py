@@ -379,7 +379,18 @@ def test_stress_threads_and_recursion_at_the_highest_rate(run: Run) -> None:
         n += count
     assert n > 0
     if "DYPER_STRESS_S" in os.environ:  # the long run of docs/measurements.md: say what it read
-        keys = ("ticks", "thread_samples", "frames", "reused", "torn", "bad", "lost", "invalid", "dropped")
+        keys = (
+            "ticks",
+            "thread_samples",
+            "frames",
+            "reused",
+            "torn",
+            "bad",
+            "lost",
+            "invalid",
+            "dropped",
+            "guard_faults",
+        )
         print({k: after[k] - before[k] for k in keys})
     dropped = sum(after[k] - before[k] for k in ("torn", "bad", "overflow", "invalid", "dropped"))
     assert dropped >= 0  # counted, never reported as frames
