@@ -543,6 +543,21 @@ typedef struct {
 } tid_slot;
 static tid_slot tid_slots[TID_SLOTS];
 static int stat_fds_open;
+/* What the sampler read from /proc, since import: the kernel counts it in the
+ * process's I/O counters (rchar, syscr), which the io proflet reports as the
+ * application's. The thread's own counters end with it; these do not. */
+static uint64_t proc_read_bytes, proc_reads;
+
+static ssize_t
+counted_pread(int fd, char *buf, size_t size)
+{
+    ssize_t n = pread(fd, buf, size, 0);
+    add(&proc_reads, 1);   /* the kernel counts a failed read too */
+    if (n > 0) {
+        add(&proc_read_bytes, (uint64_t)n);
+    }
+    return n;
+}
 static uint64_t tick_rng = 0x9E3779B97F4A7C15ULL;
 
 /* Close a slot's stat file, if the fd is still the file we opened. */
@@ -581,7 +596,7 @@ kernel_state(tid_slot *slot, int32_t tid)
     char buf[512];
     ssize_t n = -1;
     if (slot != NULL && slot->fdp1 > 0) {
-        n = pread(slot->fdp1 - 1, buf, sizeof(buf) - 1, 0);
+        n = counted_pread(slot->fdp1 - 1, buf, sizeof(buf) - 1);
         if (n <= 0) {
             slot_close(slot);
         }
@@ -593,7 +608,7 @@ kernel_state(tid_slot *slot, int32_t tid)
         if (fd < 0) {
             return 0;
         }
-        n = pread(fd, buf, sizeof(buf) - 1, 0);
+        n = counted_pread(fd, buf, sizeof(buf) - 1);
         struct stat st;
         if (slot != NULL && n > 0 && stat_fds_open < MAX_STAT_FDS && fstat(fd, &st) == 0) {
             slot->fdp1 = fd + 1;
@@ -1605,6 +1620,9 @@ sampler_main(void *arg)
     pthread_sigmask(SIG_UNBLOCK, &faults, NULL);
     guard_thread = pthread_self();
     guard_tid = (pid_t)syscall(SYS_gettid);
+    /* Named for the kernel, as the agent's own threads are: the io proflet
+     * leaves their I/O counters (our /proc reads) out of the application's. */
+    pthread_setname_np(pthread_self(), "dyper-native");
     uint64_t c0 = now_ns(CLOCK_THREAD_CPUTIME_ID);
     pthread_mutex_lock(&S->mu);
     uint64_t gen = S->gen;
@@ -2177,25 +2195,35 @@ resolve(PyObject *locs, PyObject *new_loc, const frame_rec *fr, const drain_code
 static uint64_t drain_invalid, drain_dropped;
 
 PyDoc_STRVAR(drain_doc,
-"drain(raw, locs, new_loc, hist=None, /) -> int\n\n"
+"drain(raw, locs, new_loc, hist=None, pending=None, /) -> int\n\n"
 "Move the ring's samples into raw: raw[(ident, state, stack)] += 1, stack\n"
 "being a tuple of locations, leaf first, from locs (the tables' dict of\n"
 "(f_lasti << 48) | id(code) -> location) or new_loc(key, code, f_lasti,\n"
 "f_lineno) for code not seen before, once validated. Returns how many\n"
 "sampling instants were drained. hist, a list of ints: hist[min(n, len - 1)]\n"
-"is incremented for each instant at which n threads were on a CPU.");
+"is incremented for each instant at which n threads were ready to run (on a\n"
+"CPU, in the run queue, or asleep holding the GIL). With pending, a list: an\n"
+"instant with threads asleep without the GIL, which wait for it unless their\n"
+"leaf is a blocking call (the caller's tables decide), is appended to it as\n"
+"(n, leaf location, ...) instead.");
 
 static PyObject *
 native_drain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs < 3 || nargs > 4 || !PyDict_Check(args[0]) || !PyDict_Check(args[1])
-        || (nargs == 4 && args[3] != Py_None && (!PyList_Check(args[3]) || PyList_GET_SIZE(args[3]) == 0))) {
-        PyErr_SetString(PyExc_TypeError, "drain(raw: dict, locs: dict, new_loc, hist: list | None = None)");
+    if (nargs < 3 || nargs > 5 || !PyDict_Check(args[0]) || !PyDict_Check(args[1])
+        || (nargs >= 4 && args[3] != Py_None && (!PyList_Check(args[3]) || PyList_GET_SIZE(args[3]) == 0))
+        || (nargs == 5 && args[4] != Py_None && !PyList_Check(args[4]))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "drain(raw: dict, locs: dict, new_loc, hist: list | None = None, pending: list | None = None)");
         return NULL;
     }
     PyObject *raw = args[0], *locs = args[1], *new_loc = args[2];
-    PyObject *hist = nargs == 4 && args[3] != Py_None ? args[3] : NULL;
+    PyObject *hist = nargs >= 4 && args[3] != Py_None ? args[3] : NULL;
+    PyObject *pending = hist != NULL && nargs == 5 && args[4] != Py_None ? args[4] : NULL;
+    /* this instant's leaves of threads asleep without the GIL (references) */
+    PyObject *asleep[MAX_THREADS];
+    Py_ssize_t n_asleep = 0;
 
     /* Copy the ring out, so that the sampler never waits on Python code. */
     pthread_mutex_lock(&ring->mu);
@@ -2247,16 +2275,38 @@ native_drain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     for (uint64_t i = 0; i <= ns; i++) {
         if (hist != NULL && i > 0 && (i == ns || ss[i].tick != last_tick)) {
             /* the instant last_tick is complete */
-            Py_ssize_t top = PyList_GET_SIZE(hist) - 1;
-            Py_ssize_t at = on_cpu < top ? on_cpu : top;
-            PyObject *old = PyList_GET_ITEM(hist, at);
-            long v = PyLong_Check(old) ? PyLong_AsLong(old) : 0;
-            PyObject *nv = PyLong_FromLong(v + 1);
-            if (nv == NULL) {
-                goto done;
+            if (n_asleep > 0) {
+                PyObject *t = PyTuple_New(n_asleep + 1);
+                PyObject *n0 = PyLong_FromSsize_t(on_cpu);
+                if (t == NULL || n0 == NULL) {
+                    Py_XDECREF(t);
+                    Py_XDECREF(n0);
+                    goto done;
+                }
+                PyTuple_SET_ITEM(t, 0, n0);
+                for (Py_ssize_t j = 0; j < n_asleep; j++) {
+                    PyTuple_SET_ITEM(t, j + 1, asleep[j]);   /* the tuple takes the reference */
+                }
+                n_asleep = 0;
+                int rc = PyList_Append(pending, t);
+                Py_DECREF(t);
+                if (rc < 0) {
+                    goto done;
+                }
             }
-            PyList_SetItem(hist, at, nv);
+            else {
+                Py_ssize_t top = PyList_GET_SIZE(hist) - 1;
+                Py_ssize_t at = on_cpu < top ? on_cpu : top;
+                PyObject *old = PyList_GET_ITEM(hist, at);
+                long v = PyLong_Check(old) ? PyLong_AsLong(old) : 0;
+                PyObject *nv = PyLong_FromLong(v + 1);
+                if (nv == NULL) {
+                    goto done;
+                }
+                PyList_SetItem(hist, at, nv);
+            }
             on_cpu = 0;
+            n_asleep = 0;
         }
         if (i == ns) {
             break;
@@ -2266,7 +2316,7 @@ native_drain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             instants++;
             last_tick = s->tick;
         }
-        if (s->state == NST_GIL || s->state == NST_NOGIL) {
+        if (s->state == NST_GIL || s->state == NST_NOGIL || s->state == NST_RUNQ || s->state == NST_SLEEP_GIL) {
             on_cpu++;
         }
         PyObject *stack = PyTuple_New(s->depth);
@@ -2316,6 +2366,9 @@ native_drain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             dropped++;
             continue;
         }
+        if (pending != NULL && s->state == NST_SLEEP && s->depth > 0 && n_asleep < MAX_THREADS) {
+            asleep[n_asleep++] = Py_NewRef(PyTuple_GET_ITEM(stack, 0));
+        }
         PyObject *k = Py_BuildValue("(kiN)", s->ident, (int)s->state, stack);
         if (k == NULL) {
             goto done;
@@ -2336,6 +2389,9 @@ native_drain(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     result = PyLong_FromUnsignedLongLong(instants);
 done:
+    for (Py_ssize_t j = 0; j < n_asleep; j++) {
+        Py_DECREF(asleep[j]);
+    }
     if (memo != NULL) {
         for (size_t i = 0; i < memo_slots; i++) {
             Py_XDECREF(memo[i].loc);
@@ -2367,7 +2423,9 @@ PyDoc_STRVAR(stats_doc,
 "CPU time, this run), tick_s (wall time inside ticks), running,\n"
 "guarded (the sampler copies memory under its fault handlers now),\n"
 "guard_faults (guarded copies that faulted: failed reads), guard_off_ticks\n"
-"(ticks read through process_vm_readv: our handlers were not in place).");
+"(ticks read through process_vm_readv: our handlers were not in place),\n"
+"proc_read_bytes and proc_reads (what it read from /proc: the kernel counts\n"
+"them in the process's I/O counters).");
 
 static PyObject *
 native_stats(PyObject *module, PyObject *unused)
@@ -2413,7 +2471,7 @@ native_stats(PyObject *module, PyObject *unused)
     }
 #define LD(x) (unsigned long long)__atomic_load_n(&(x), __ATOMIC_RELAXED)
     return Py_BuildValue(
-        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsNsdsdsdsdsisKsKsi}",
+        "{sKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsKsNsdsdsdsdsisKsKsKsKsi}",
         "ticks", LD(S->ticks), "thread_samples", LD(S->thread_samples), "frames", LD(S->frames),
         "torn", LD(S->torn), "bad", LD(S->bad), "overflow", LD(S->overflow),
         "truncated", LD(S->truncated), "unread", LD(S->unread),
@@ -2423,6 +2481,7 @@ native_stats(PyObject *module, PyObject *unused)
         "states", states, "sampler_cpu_s", cpu_s, "tick_s", (double)LD(S->tick_ns) * 1e-9,
         "late_s", late_s, "cost_s", cost_s, "running", S->running,
         "guard_faults", LD(guard_faults), "guard_off_ticks", LD(guard_off_ticks),
+        "proc_read_bytes", LD(proc_read_bytes), "proc_reads", LD(proc_reads),
         "guarded", guard_in[0] && guard_in[1] && guard_is_ours(0) && guard_is_ours(1));
 #undef LD
 }

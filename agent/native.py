@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from types import CodeType
 from typing import Any, Final
 
-from dyper.agent.protocol import LOC_BLOCKING, LOC_WAIT
+from dyper.agent.protocol import GIL_WAIT, LOC_BLOCKING, LOC_GIL, LOC_RUNQ, LOC_WAIT, RUN_QUEUE, STATE_FILE
 from dyper.agent.tables import WAITS, Tables
 
 _native: Any
@@ -36,14 +36,12 @@ except ImportError as exc:  # not built here, or its self-check refused this int
 
 #: The native sampler is what the agent uses when it is there, unless
 #: DYPER_SAMPLER=gil. (False: only with DYPER_SAMPLER=native.)
-DEFAULT_NATIVE: Final = False
+DEFAULT_NATIVE: Final = True
 
-#: The file of the frames put on a leaf to say what the thread was doing.
-STATE_FILE: Final = "<dyper state>"
-GIL_WAIT: Final = "<waiting for the GIL>"
-RUN_QUEUE: Final = "<run queue>"
-#: Both are waits to the monitor (proflets.base.KINDS has no GIL or run-queue kind yet); the name tells.
-_STATE_FLAGS: Final = {GIL_WAIT: LOC_BLOCKING | LOC_WAIT, RUN_QUEUE: LOC_BLOCKING | LOC_WAIT}
+#: The frames put on a leaf to say what the thread was doing are wall time
+#: only (blocking), of their own kind (proflets.base.KINDS: "gil", "runq").
+#: LOC_WAIT too: a monitor from before those kinds counts them as waits.
+_STATE_FLAGS: Final = {GIL_WAIT: LOC_BLOCKING | LOC_WAIT | LOC_GIL, RUN_QUEUE: LOC_BLOCKING | LOC_WAIT | LOC_RUNQ}
 _STATE_CODES: Final = {
     name: compile("0", STATE_FILE, "eval").replace(co_name=name, co_qualname=name) for name in _STATE_FLAGS
 }
@@ -148,14 +146,23 @@ class NativeTicker:
     ) -> int:
         """Move the ring's samples into ``counts``; returns how many sampling instants they were.
 
-        ``activity`` (the threads-on-CPU histogram) is filled from the
-        kernel's view; ``waiting`` and ``pending`` are the ticker's way to
-        the same and are not needed here.
+        ``activity`` (the histogram of threads ready to run: on a CPU, in the
+        run queue or waiting for the GIL) is filled from the kernel's view and
+        the leaves; ``waiting`` and ``pending`` are the ticker's way to the
+        same and are not needed here.
         """
         raw: dict[tuple[int, int, tuple[int, ...]], int] = {}
-        n = int(_native.drain(raw, locs, new_loc, activity))
+        asleep: list[tuple[int, ...]] = []
+        n = int(_native.drain(raw, locs, new_loc, activity, asleep if activity is not None else None))
         if raw:
             self._fold(raw, counts)
+        if asleep and activity is not None:
+            # Instants with threads asleep without the GIL: those whose leaf
+            # is no blocking call were waiting for it (_fold decided the leaves).
+            tables, top = self.tables, len(activity) - 1
+            for instant in asleep:
+                ready = instant[0] + sum(1 for loc in instant[1:] if not tables.waits(loc))
+                activity[min(ready, top)] += 1
         return n
 
     def _fold(

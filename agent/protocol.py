@@ -110,6 +110,17 @@ LOC_LOCK: Final = 4
 LOC_WAIT: Final = 8
 LOC_IO: Final = 16
 LOC_SLEEP: Final = 32
+#: The thread was ready to run but did not (set with LOC_BLOCKING, on the
+#: native sampler's state frames below, whose samples are wall time only):
+#: waiting for the GIL, or runnable in the kernel's run queue.
+LOC_GIL: Final = 64
+LOC_RUNQ: Final = 128
+
+#: The native sampler's leaf frames that say what a thread was doing when
+#: its Python leaf does not (agent/native.py): file and names.
+STATE_FILE: Final = "<dyper state>"
+GIL_WAIT: Final = "<waiting for the GIL>"
+RUN_QUEUE: Final = "<run queue>"
 
 #: The file of the frame ``agent.tag`` puts under a tagged function: its name is TAG_PREFIX + the tag,
 #: so every sample taken inside carries the tag as a frame, whichever sampler took it.

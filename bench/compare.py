@@ -8,10 +8,10 @@ ddtrace; yappi comes with dyper). ``--quick`` is two repeats of about 1.5-s prog
 and a shorter settling series: a few minutes.
 
 By default the six single-purpose programs and the nine tools below without
-ddtrace and dyper-native-B. Issue 29's multi-threaded truths are asked for:
+ddtrace, dyper-native-B and dyper-gil-B. Issue 29's multi-threaded truths are asked for:
 
     python bench/compare.py --programs io-mix,deep8,native-mix,gc-alloc --no-stable \
-        --tools dyper-0.1%,dyper-1%,dyper-5%,dyper-native-1%,py-spy,ddtrace --repeats 3
+        --tools dyper-0.1%,dyper-1%,dyper-5%,dyper-gil-1%,py-spy,ddtrace --repeats 3
 
 The programs (bench/workloads/truth.py) record where their own CPU time went:
 each judged function times its own work with the thread's CPU clock and counts
@@ -20,10 +20,10 @@ its calls. Every tool runs every program the same way, as a command around
 with runs of no tool among them:
 
 - dyper at 0.1%, 1% and 5% (``dyper run -q --budget B -o prof.json``; the CLI
-  hosts the monitor, so its CPU counts as the tool's); ``dyper-native-B`` the
-  same with ``DYPER_SAMPLER=native`` (an agent without the native sampler falls
-  back; the tables say which sampler each run said it ran, "not said" if the
-  report does not say);
+  hosts the monitor, so its CPU counts as the tool's); ``dyper-native-B`` and
+  ``dyper-gil-B`` the same with ``DYPER_SAMPLER=native`` or ``gil`` (an agent
+  without the native sampler falls back; the tables say which sampler each run
+  said it ran, "not said" if the report does not say);
 - ddtrace (Datadog's profiler, ``DD_PROFILING_ENABLED=true ddtrace-run python
   ...``, its defaults, its pprof files written locally: see env()), the CPU time
   of its stack samples per leaf function;
@@ -115,7 +115,16 @@ DEFAULT_TOOLS = (
     "yappi-wall",
     "yappi-cpu",
 )
-TOOLS = (*DEFAULT_TOOLS, "dyper-native-0.1%", "dyper-native-1%", "dyper-native-5%", "ddtrace")
+TOOLS = (
+    *DEFAULT_TOOLS,
+    "dyper-native-0.1%",
+    "dyper-native-1%",
+    "dyper-native-5%",
+    "dyper-gil-0.1%",
+    "dyper-gil-1%",
+    "dyper-gil-5%",
+    "ddtrace",
+)
 STABLE_PROGRAM = "spread"
 STABLE_LENGTHS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 QUICK_STABLE_LENGTHS = (0.5, 1.0, 2.0, 4.0)
@@ -428,17 +437,19 @@ def command(tool: str, python: str, program_args: list[str], out: Path) -> list[
 def env(tool: str, out: Path) -> dict[str, str]:
     """The run's environment: this one, and what the tool is configured with.
 
-    dyper-native-B asks for the native sampler (an agent without it falls back to its
-    default and says so, see dyper_sampler). ddtrace: its profiler on, its pprof files
-    written locally rather than uploaded: ``DD_PROFILING_OUTPUT_PPROF`` (ddtrace 4.x,
-    ddtrace/internal/settings/profiling.py, ``output_pprof``; the exporter writes
-    PREFIX.PID.N.pprof, one per upload interval and one at exit), everything else its
-    defaults (the stack, lock and memory collectors).
+    dyper-native-B asks for the native sampler (an agent without it falls back to the
+    GIL sampler and says so, see dyper_sampler), dyper-gil-B for the GIL sampler.
+    ddtrace: its profiler on, its pprof files written locally rather than uploaded:
+    ``DD_PROFILING_OUTPUT_PPROF`` (ddtrace 4.x, ddtrace/internal/settings/profiling.py,
+    ``output_pprof``; the exporter writes PREFIX.PID.N.pprof, one per upload interval
+    and one at exit), everything else its defaults (the stack, lock and memory collectors).
     """
     out_env = dict(os.environ)
     out_env.pop("DYPER_SAMPLER", None)  # dyper-B: the agent's default sampler
     if tool.startswith("dyper-native-"):
         out_env["DYPER_SAMPLER"] = "native"
+    elif tool.startswith("dyper-gil-"):
+        out_env["DYPER_SAMPLER"] = "gil"
     if tool == "ddtrace":
         out_env["DD_PROFILING_ENABLED"] = "true"
         out_env["DD_PROFILING_OUTPUT_PPROF"] = str(out)

@@ -32,7 +32,17 @@ import msgpack
 
 from dyper.agent import protocol
 from dyper.agent.budget import slowdown, slowdown_by
-from dyper.agent.protocol import LOC_AGENT, LOC_BLOCKING, LOC_IO, LOC_LOCK, LOC_SLEEP, MAX_ERROR_CHARS, MAX_MARK_CHARS
+from dyper.agent.protocol import (
+    LOC_AGENT,
+    LOC_BLOCKING,
+    LOC_GIL,
+    LOC_IO,
+    LOC_LOCK,
+    LOC_RUNQ,
+    LOC_SLEEP,
+    MAX_ERROR_CHARS,
+    MAX_MARK_CHARS,
+)
 from dyper.monitor.model.frames import Frame, FrameId, StackKey
 from dyper.proflets.base import Analyzer, ReportView
 
@@ -76,10 +86,10 @@ TRIGGER_END_SLACK_S = 0.5
 MAX_CACHED_STACKS = 20_000
 
 #: What a stack's leaf was doing, as a small code a cached stack carries (see leaf_kind):
-#: the first five are proflets.base.KINDS; EMPTY is a stack of dyper's own frames only.
-_KIND_NAMES = ("run", "lock", "wait", "io", "sleep")
+#: the first seven are proflets.base.KINDS; EMPTY is a stack of dyper's own frames only.
+_KIND_NAMES = ("run", "lock", "wait", "io", "sleep", "gil", "runq")
 _KIND_CODES = {name: code for code, name in enumerate(_KIND_NAMES)}
-_RUN, _EMPTY = 0, 5
+_RUN, _EMPTY = 0, 7
 
 
 class FrameTable:
@@ -961,6 +971,10 @@ def leaf_kind(flags: int) -> str:
     """What a thread whose stack ends at a location with these flags is doing (proflets.base.KINDS)."""
     if not flags & LOC_BLOCKING:
         return "run"
+    if flags & LOC_GIL:
+        return "gil"
+    if flags & LOC_RUNQ:
+        return "runq"
     if flags & LOC_LOCK:
         return "lock"
     if flags & LOC_SLEEP:

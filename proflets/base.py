@@ -49,9 +49,11 @@ __all__ = [
 #: Per-report rows kept for windows: an hour of reports at one a second.
 ROWS_KEPT = 3600
 
-#: Kinds a sample's leaf can have (see agent.protocol LOC_*): "run" is
-#: running or ready to run (on the CPU, or waiting for it or for the GIL).
-KINDS = ("run", "lock", "wait", "io", "sleep")
+#: Kinds a sample's leaf can have (see agent.protocol LOC_*). With the
+#: native sampler "run" is on a CPU, and a thread ready to run is "gil"
+#: (waiting for the GIL) or "runq" (runnable, waiting for a CPU). The GIL
+#: sampler cannot tell: its "run" is running or ready to run.
+KINDS = ("run", "lock", "wait", "io", "sleep", "gil", "runq")
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from dyper.agent.protocol import STATE_FILE
 from dyper.monitor.model.frames import Frame
 from dyper.monitor.model.profile import Profile
 from dyper.monitor.search.callers import Refined, StackSet, merge, refine
@@ -329,9 +330,11 @@ def diagnose(
     loop_frames = {i for i, f in enumerate(profile.frames) if f.name in _LOOP_ITERATION}
     callback_frames = {i for i, f in enumerate(profile.frames) if f.name in _LOOP_CALLBACK}
     join_frames = {i for i, f in enumerate(profile.frames) if f.name in _JOIN}
+    # The native sampler's leaf for a thread ready to run: waiting for the GIL, or for a CPU.
+    ready_frames = {i for i, f in enumerate(profile.frames) if f.file == STATE_FILE}
     states = _thread_states(profile)
     empty = 0
-    idle = {"loop": 0, "join": 0}
+    idle = {"loop": 0, "join": 0, "ready": 0}
     classified: dict[tuple[int, ...], str] = {}
     for s, frames in profile.charged_stacks(charge_libraries):
         if not frames:
@@ -351,6 +354,8 @@ def diagnose(
                     kind = "idle:loop"
                 elif any(i in join_frames for i in s.frames):
                     kind = "idle:join"
+                elif ready_frames and any(i in ready_frames for i in s.frames):
+                    kind = "idle:ready"
                 else:
                     kind = classify_wait([profile.frames[i] for i in s.frames], line_text)
                 classified[s.frames] = kind
@@ -411,6 +416,19 @@ def diagnose(
                 "ignored",
                 note=f"{idle['join']} samples of threads waiting in join() for other threads: what those do is "
                 "the question, left out of the busy samples",
+            )
+        )
+    if idle["ready"]:
+        search.history.append(
+            Step(
+                search.next_step(),
+                "idle",
+                (),
+                None,
+                "ignored",
+                note=f"{idle['ready']} samples of threads ready to run, waiting for the GIL or for a CPU: the "
+                "threads that hold them are the question (the threads proflet counts the wait), left out of the "
+                "busy samples",
             )
         )
     tasks = _tasks_results(profile)

@@ -67,6 +67,9 @@ def _add(into: dict[Any, list[float]], key: Any, n: float, t: float) -> None:
 # --- /proc I/O counters ----------------------------------------------------------------
 
 _IO_KEYS = tuple(k.encode() for k in IO_FIELDS)
+_RCHAR, _SYSCR = IO_FIELDS.index("rchar"), IO_FIELDS.index("syscr")
+#: The native sampler's thread (agent/_native.c): what it reads is counted by its module.
+NATIVE_THREAD = "dyper-native"
 
 
 def read_io(path: str) -> list[int] | None:
@@ -177,8 +180,11 @@ class IoCollector(Collector):
     MAX_SITES = 16
     #: stacks remembered with their verdict; past this the memory starts again
     MAX_STACKS = 20_000
-    #: reports between looks for the agent's own native threads (its ticker, ZeroMQ's)
+    #: reports between looks for the agent's own native threads (its ticker, the native sampler, ZeroMQ's) ...
     OWN_TASKS_EVERY = 60
+    #: ... after a look at each of the first reports: those threads start with the agent's loop,
+    #: and one missed for a minute would put its /proc reads in the application's bytes
+    OWN_TASKS_FIRST = 3
 
     def __init__(self) -> None:
         self._routines = routines()
@@ -319,7 +325,7 @@ class IoCollector(Collector):
 
     def _process_io(self) -> list[int] | None:
         """The process's I/O counters without the agent's own threads' (the sampler's, its ticker's, ZeroMQ's)."""
-        if self._reports % self.OWN_TASKS_EVERY == 0:
+        if self._reports < self.OWN_TASKS_FIRST or self._reports % self.OWN_TASKS_EVERY == 0:
             self._find_own_tasks()
         self._reports += 1
         total = read_io("/proc/self/io")
@@ -329,6 +335,14 @@ class IoCollector(Collector):
             own = read_io(f"/proc/self/task/{tid}/io")
             if own is not None:
                 total = [t - o for t, o in zip(total, own, strict=True)]
+        # The native sampler's /proc reads, by its own count: its thread's
+        # counters end with it (a stop before the last report), the count not.
+        native = sys.modules.get("dyper.agent._native")
+        if native is not None:
+            with contextlib.suppress(Exception):
+                s = native.stats()
+                total[_RCHAR] -= int(s["proc_read_bytes"])
+                total[_SYSCR] -= int(s["proc_reads"])
         return total
 
     def _find_own_tasks(self) -> None:
@@ -340,7 +354,11 @@ class IoCollector(Collector):
         python = {t.native_id for t in threads}
         # dyper's Python threads by name; of the others (usually a handful) the kernel's name is read
         own = [t.native_id for t in threads if t.name.startswith("dyper-") and t.native_id is not None]
-        own += [t for t in tasks if t not in python and _comm(t).startswith(("ZMQbg", "dyper-"))]
+        own += [
+            t
+            for t in tasks
+            if t not in python and (comm := _comm(t)).startswith(("ZMQbg", "dyper-")) and comm != NATIVE_THREAD
+        ]
         if sorted(own) != sorted(self._own_tasks):
             if self._reports > 0:  # not the first look: the first report's counters already leave them out
                 # the counters subtracted changed: the monitor starts its differences again

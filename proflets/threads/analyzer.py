@@ -44,6 +44,17 @@ def _seconds(row: list[float], window_s: float, samples: int) -> float:
     return window_s * min(1.0, seen / samples) if samples else 0.0
 
 
+#: Kinds in histories written before the native sampler's "gil" and "runq".
+_OLD_KINDS = 5
+
+
+def _upgraded(total: list[float]) -> list[float]:
+    """A saved row of totals with as many kinds as KINDS (older ones had fewer: none of the new)."""
+    if len(total) == _OLD_KINDS + 2:
+        return total[:_OLD_KINDS] + [0.0] * (len(KINDS) - _OLD_KINDS) + total[_OLD_KINDS:]
+    return total
+
+
 class ThreadsAnalyzer(Analyzer):
     name = "threads"
     FROM_SAMPLES = True
@@ -165,18 +176,25 @@ class ThreadsAnalyzer(Analyzer):
             seconds = row[_SECONDS]
             cpu = row[_CPU]
             # Of the time it was not waiting, the CPU clock says how much it ran.
+            # (The native sampler's "run" is on a CPU already: the rest is about nothing.)
             ran = min(share["run"], cpu / seconds) if seconds > 0 and self.clocks else share["run"]
             d = self.detail.get(ident)
             # Of the rest, the share the kernel's run queue held it (the bursts
             # measure it) is the machine's shortage of processors, not the GIL.
             queued = min(1.0, d[2] / 1e9 / d[0]) if d is not None and d[0] > 0 else 0.0
+            # The native sampler saw the GIL waits and the run queue themselves.
+            seen_ready = share["gil"] + share["runq"] > 0
             by = blockers.get(ident)
             owner = max(by, key=lambda o: by[o]) if by else None
             entry: dict[str, Any] = {
                 "name": self.names.get(ident, f"thread-{ident}"),
                 "ident": ident,
                 "run_pct": 100.0 * ran,
-                "gil_pct": 100.0 * max(0.0, share["run"] - ran - queued) if self.clocks else None,
+                "gil_pct": (
+                    100.0 * (share["gil"] + max(0.0, share["run"] - ran - queued))
+                    if self.clocks or seen_ready
+                    else None
+                ),
                 "block_pct": 100.0 * share["lock"],
                 "wait_pct": 100.0 * share["wait"],
                 "io_pct": 100.0 * share["io"],
@@ -195,6 +213,8 @@ class ThreadsAnalyzer(Analyzer):
                 entry["switches_per_s"] = d[3] / d[0]
                 entry["waits"] = round(d[3] / d[0] * seconds)
                 entry["runqueue_pct"] = 100.0 * d[2] / 1e9 / d[0]
+            elif share["runq"] > 0:
+                entry["runqueue_pct"] = 100.0 * share["runq"]
             out.append(entry)
         out.sort(key=lambda r: -r["seconds"])
         return out
@@ -251,7 +271,7 @@ class ThreadsAnalyzer(Analyzer):
 
     def restore(self, state: Mapping[str, Any]) -> None:
         self.names = {int(k): str(v) for k, v in (state.get("names") or {}).items()}
-        self.totals = {int(k): [float(x) for x in v] for k, v in (state.get("totals") or {}).items()}
+        self.totals = {int(k): _upgraded([float(x) for x in v]) for k, v in (state.get("totals") or {}).items()}
         self.blockers = {
             int(k): {int(o): int(n) for o, n in v.items()} for k, v in (state.get("blockers") or {}).items()
         }

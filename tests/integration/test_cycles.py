@@ -42,6 +42,7 @@ SAME = (
     "gc_callbacks",
     "tracemalloc",
     "alloc_hook",
+    "fault_guard",
     "profile",
     "trace",
     "threading_profile",

@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from dyper.agent import native
 from dyper.monitor.commands.ps import has_agent
 from tests.factories import StandingMonitor, free_port, stop, wait_for
 
@@ -175,8 +176,11 @@ def test_summary_shows_lights_and_budget(dashboard):
     page.until("document.getElementById('budget-now').textContent === '2%'", "the budget")
     page.until("document.querySelectorAll('#top-functions tbody tr').length > 0", "top functions")
     page.until("document.querySelector('#plot svg path.spent')", "the overhead plot")
-    # which sampler took the stacks, as the agent said (the default is the GIL path)
-    page.until("document.getElementById('sampler-now').textContent === 'stacks sampled by the gil sampler'", "sampler")
+    # which sampler took the stacks, as the agent said (the native one, where it was built)
+    expected = "native" if native.available() else "gil"
+    page.until(
+        f"document.getElementById('sampler-now').textContent === 'stacks sampled by the {expected} sampler'", "sampler"
+    )
     # the diagnosis's bottlenecks in words (proflets' own findings may come first)
     page.until("document.getElementById('findings').textContent.includes('% of the busy time')", "findings", 40)
 

@@ -69,8 +69,11 @@ def test_diagnose_ranks_the_planted_cpu_hot_spot_first(recorded: dict[str, Path]
     # The 60 others at about 1.5% each (a few samples each: one may have none): tested under main, each failed.
     work = [s for s in data["history"] if s["path"] and function(s["path"][-1]).startswith("work_")]
     assert len(work) >= 50 and all(s["verdict"] == "failed" for s in work)
-    # Nothing waits: the blocked hypotheses fail on the whole program.
+    # Nothing waits: the blocked hypotheses fail on the whole program. (The
+    # native sampler may see the thread in the run queue of a busy machine:
+    # ready to run, left out of the busy samples.)
     verdicts = {s["hypothesis"]: s["verdict"] for s in data["history"] if not s["path"]}
+    assert verdicts.pop("idle", "ignored") == "ignored"
     assert verdicts == {
         "sleep": "ignored",
         "cpu": "passed",

@@ -299,3 +299,4 @@ def test_commands_and_environments_of_the_new_tools(tmp_path: Path, monkeypatch:
     assert native[1:5] == ["run", "-q", "--budget", "1%"]
     assert env("dyper-native-1%", out)["DYPER_SAMPLER"] == "native"
     assert "DYPER_SAMPLER" not in env("dyper-1%", out)
+    assert env("dyper-gil-1%", out)["DYPER_SAMPLER"] == "gil"

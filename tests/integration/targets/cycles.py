@@ -62,6 +62,8 @@ def probe():
         "tracemalloc": tracemalloc.is_tracing(),
         # memory's allocation sampler: its hook over the allocators is out again (installed, stranded, active)
         "alloc_hook": list(getattr(sys.modules.get("dyper.agent._fastsample"), "alloc_state", lambda: (0, 0, 0))()[:3]),
+        # the native sampler's fault handlers (its guarded copies) are out again
+        "fault_guard": getattr(sys.modules.get("dyper.agent._native"), "stats", lambda: {"guarded": 0})()["guarded"],
         "profile": repr(sys.getprofile()),
         "trace": repr(sys.gettrace()),
         "threading_profile": repr(threading.getprofile()),
