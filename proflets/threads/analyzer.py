@@ -175,15 +175,15 @@ class ThreadsAnalyzer(Analyzer):
             share = {k: row[i] / seen for i, k in enumerate(KINDS)}
             seconds = row[_SECONDS]
             cpu = row[_CPU]
-            # Of the time it was not waiting, the CPU clock says how much it ran.
-            # (The native sampler's "run" is on a CPU already: the rest is about nothing.)
-            ran = min(share["run"], cpu / seconds) if seconds > 0 and self.clocks else share["run"]
             d = self.detail.get(ident)
+            # The native sampler saw the GIL waits and the run queue themselves: its "run" is on a CPU.
+            seen_ready = share["gil"] + share["runq"] > 0
+            # The GIL sampler's "run" is running or ready: of the time a thread was not waiting, the
+            # CPU clock says how much it ran.
+            ran = min(share["run"], cpu / seconds) if seconds > 0 and self.clocks and not seen_ready else share["run"]
             # Of the rest, the share the kernel's run queue held it (the bursts
             # measure it) is the machine's shortage of processors, not the GIL.
             queued = min(1.0, d[2] / 1e9 / d[0]) if d is not None and d[0] > 0 else 0.0
-            # The native sampler saw the GIL waits and the run queue themselves.
-            seen_ready = share["gil"] + share["runq"] > 0
             by = blockers.get(ident)
             owner = max(by, key=lambda o: by[o]) if by else None
             entry: dict[str, Any] = {
@@ -191,8 +191,10 @@ class ThreadsAnalyzer(Analyzer):
                 "ident": ident,
                 "run_pct": 100.0 * ran,
                 "gil_pct": (
-                    100.0 * (share["gil"] + max(0.0, share["run"] - ran - queued))
-                    if self.clocks or seen_ready
+                    100.0 * share["gil"]
+                    if seen_ready
+                    else 100.0 * max(0.0, share["run"] - ran - queued)
+                    if self.clocks
                     else None
                 ),
                 "block_pct": 100.0 * share["lock"],
@@ -213,7 +215,11 @@ class ThreadsAnalyzer(Analyzer):
                 entry["switches_per_s"] = d[3] / d[0]
                 entry["waits"] = round(d[3] / d[0] * seconds)
                 entry["runqueue_pct"] = 100.0 * d[2] / 1e9 / d[0]
-            elif share["runq"] > 0:
+            if seen_ready:
+                # The native sampler's own count, over the whole time as the other columns (they add up
+                # to 100); the kernel's, over the bursts, beside it.
+                if "runqueue_pct" in entry:
+                    entry["runqueue_kernel_pct"] = entry["runqueue_pct"]
                 entry["runqueue_pct"] = 100.0 * share["runq"]
             out.append(entry)
         out.sort(key=lambda r: -r["seconds"])
