@@ -410,7 +410,9 @@ class Sampling:
             self.samples_total += n
             alpha = max(EWMA_ALPHA * 4, min(1.0, n / self.samples_total))
             self.sample_cost_s += alpha * (per_sample - self.sample_cost_s)
-            self.drain_cost_s += alpha * (self._own_undrained_s / n - self.drain_cost_s)
+            # A drain's cost per sample is a mean over its samples already; the first drains'
+            # one-time costs (new locations, their code checked) must not linger in it.
+            self.drain_cost_s += max(alpha, 0.5) * (self._own_undrained_s / n - self.drain_cost_s)
             self._own_undrained_s = 0.0
         if tick_cost > 0 and self.samples_total > 0:
             # The native sampler says what an instant costs its thread at

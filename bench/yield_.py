@@ -12,7 +12,7 @@ about 30 frames deep, CPU-bound), and reports what it achieved:
 and the measured cost per sample, split into walk and wake-up, from the
 agent's own ledger.
 
-    python bench/yield_.py [--budget 1%] [--seconds 20] [--threads 8] [--depth 30] [--json]
+    python bench/yield_.py [--budget 1%] [--seconds 20] [--settle 5] [--threads 8] [--depth 30] [--json]
 
 DYPER_SAMPLER=native (or gil) picks the sampler (see agent/native.py); the
 result says which ran, its thread's CPU per sample and what sampling took
@@ -51,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--depth", type=int, default=30)
+    ap.add_argument(
+        "--settle", type=float, default=5.0, help="seconds before the measurement: the plan starts from estimates"
+    )
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     ap.add_argument("--native-at", default="", help="ms,ms,...: the native sampler alone at these mean delays")
     args = ap.parse_args(argv)
@@ -69,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     agent.start("tcp://127.0.0.1:1", budget, proflets=())
     a = agent._agent
     assert a is not None
-    time.sleep(1.0)  # let the first plans settle on measured costs
+    time.sleep(args.settle)  # let the first plans settle on measured costs: a service runs for hours
     k0 = a._tk.ticker_stats() if a.ticker else None
     s0, spent0, t0 = a.samples_taken, a.guard.spent_s, time.monotonic()
     time.sleep(args.seconds)
