@@ -790,7 +790,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=None, help="runs of each tool on each program (default 5)")
     ap.add_argument("--seconds", type=float, default=None, help="length of each program with no tool (default 4)")
     ap.add_argument("--programs", default=",".join(DEFAULT_PROGRAMS), help=f"some of {', '.join(PROGRAMS)}")
-    ap.add_argument("--tools", default=",".join(DEFAULT_TOOLS), help=f"some of {', '.join(TOOLS)}")
+    ap.add_argument("--tools", default=",".join(DEFAULT_TOOLS), help=f"some of {', '.join(TOOLS)}".replace("%", "%%"))
     ap.add_argument("--no-stable", action="store_true", help="leave out the time-to-a-stable-answer series")
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--seed", type=int, default=0)

@@ -344,3 +344,21 @@ def test_a_loop_that_lags_without_blocks_starves_its_tasks() -> None:
     assert first.hypothesis == "cpu" and first.path[-1] == label("render")
     assert "tasks wait their turn up to 250 ms" in first.evidence
     assert step_at(d, "starved", ()).verdict == "passed"
+
+
+def test_threads_ready_to_run_are_left_out_not_ranked_as_waits() -> None:
+    # Three threads share the GIL: the native sampler sees one on a CPU and the other two waiting
+    # for the GIL or in the run queue, leaves named "<waiting for the GIL>" and "<run queue>".
+    # They are not a wait on a queue: what the GIL's holders compute is the question.
+    b = Builder()
+    state = "<dyper state>"
+    for thread in (1, 2, 3):
+        b.add(thread, ["Thread._bootstrap", "spin"], 30, 30)
+        b.add(thread, ["Thread._bootstrap", "spin", ("<waiting for the GIL>", state)], 50, 0)
+        b.add(thread, ["Thread._bootstrap", "spin", ("<run queue>", state)], 20, 0)
+    d = diagnose(b.profile())
+    assert [(x.hypothesis, x.path[-1]) for x in d.bottlenecks] == [("cpu", label("spin"))]
+    assert d.bottlenecks[0].share == pytest.approx(1.0)
+    ready = [s for s in d.history if s.hypothesis == "idle" and "ready to run" in s.note]
+    assert len(ready) == 1 and ready[0].note.startswith("210 samples"), d.history
+    assert step_at(d, "sync", ()).verdict == "failed"

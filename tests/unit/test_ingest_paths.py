@@ -19,10 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dyper.agent import protocol
-from dyper.agent.protocol import LOC_AGENT, LOC_BLOCKING, LOC_LOCK
+from dyper.agent.protocol import LOC_AGENT, LOC_BLOCKING, LOC_GIL, LOC_LOCK, LOC_RUNQ, LOC_WAIT
 from dyper.monitor.history import History, Retention
 from dyper.monitor.model.frames import StackKey
-from dyper.monitor.session import WINDOW_RETENTION_S, FrameTable, Session
+from dyper.monitor.session import WINDOW_RETENTION_S, FrameTable, Session, leaf_kind
 from dyper.proflets.base import KINDS, ReportView
 from dyper.proflets.cpu import analyzer as cpu
 from dyper.proflets.io.analyzer import IoAnalyzer
@@ -359,3 +359,11 @@ def test_threads_windows_over_every_report_are_the_whole_run() -> None:
         a.merge(ReportView(t=1000.0 + k, window_s=rng.random() * 2, samples=samples, data=data, kinds=kinds))
     assert a.table(0.0, 1e12) == a.table()
     assert a.table(1020.0, 1030.0) != a.table()  # a part is not the whole
+
+
+def test_the_native_samplers_ready_leaves_are_kinds_of_their_own() -> None:
+    # flagged as waits too, for monitors from before these kinds: the new kinds win
+    assert leaf_kind(LOC_BLOCKING | LOC_WAIT | LOC_GIL) == "gil"
+    assert leaf_kind(LOC_BLOCKING | LOC_WAIT | LOC_RUNQ) == "runq"
+    assert leaf_kind(LOC_BLOCKING | LOC_WAIT) == "wait"
+    assert leaf_kind(0) == "run"
