@@ -1971,6 +1971,7 @@ native_guard_probe(PyObject *module, PyObject *unused)
     }
     guard_install();
     if (!(guard_in[0] && guard_in[1] && guard_is_ours(0) && guard_is_ours(1))) {
+        guard_remove();   /* one of the two may have gone in: nothing of ours is left */
         Py_RETURN_FALSE;
     }
     long page = sysconf(_SC_PAGESIZE);
