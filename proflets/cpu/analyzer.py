@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from dyper.agent.protocol import STATE_FILE
 from dyper.monitor.model.lights import cpu_light
 from dyper.proflets.base import Analyzer, SessionView, Status, WindowView
 
@@ -148,14 +149,17 @@ class CpuAnalyzer(Analyzer):
         """The cpu light over the whole run, and the cpu samples per function at the stacks' leaves."""
         session = self.session
         frames = session.frames.frames
-        cpu_total = 0
+        cpu_total = ready = 0
         own: dict[Key, int] = {}
-        for (_, stack), (_, cpu) in session.counts.items():
+        for (_, stack), (wall, cpu) in session.counts.items():
             cpu_total += cpu
             if cpu and stack:
                 key = frames[stack[-1]].function
                 own[key] = own.get(key, 0) + cpu
-        return cpu_light(cpu_total, session.samples), own
+            elif stack and frames[stack[-1]].file == STATE_FILE:
+                # the native sampler's threads ready for the CPU: waiting for the GIL or in the run queue
+                ready += wall
+        return cpu_light(cpu_total + ready, session.samples), own
 
     def status(self) -> Status:
         # The light says how CPU-bound the process is: the share of sampling
