@@ -153,6 +153,21 @@ guard_handler(int sig, siginfo_t *info, void *uctx)
     }
 }
 
+/* The calling thread is the one whose copies are guarded. Its faults must
+ * reach the guard's handler: a blocked SIGSEGV would make the kernel kill
+ * the process instead. */
+static void
+guard_become(void)
+{
+    sigset_t faults;
+    sigemptyset(&faults);
+    sigaddset(&faults, SIGSEGV);
+    sigaddset(&faults, SIGBUS);
+    pthread_sigmask(SIG_UNBLOCK, &faults, NULL);
+    guard_thread = pthread_self();
+    guard_tid = (pid_t)syscall(SYS_gettid);
+}
+
 static int
 guard_is_ours(int i)
 {
@@ -1611,15 +1626,7 @@ static void *
 sampler_main(void *arg)
 {
     (void)arg;
-    /* Its faults must reach the guard's handler: a blocked SIGSEGV would
-     * make the kernel kill the process instead. */
-    sigset_t faults;
-    sigemptyset(&faults);
-    sigaddset(&faults, SIGSEGV);
-    sigaddset(&faults, SIGBUS);
-    pthread_sigmask(SIG_UNBLOCK, &faults, NULL);
-    guard_thread = pthread_self();
-    guard_tid = (pid_t)syscall(SYS_gettid);
+    guard_become();
     /* Named for the kernel, as the agent's own threads are: the io proflet
      * leaves their I/O counters (our /proc reads) out of the application's. */
     pthread_setname_np(pthread_self(), "dyper-native");
@@ -1935,13 +1942,7 @@ native_stop(PyObject *module, PyObject *unused)
 static void *
 probe_main(void *arg)
 {
-    sigset_t faults;
-    sigemptyset(&faults);
-    sigaddset(&faults, SIGSEGV);
-    sigaddset(&faults, SIGBUS);
-    pthread_sigmask(SIG_UNBLOCK, &faults, NULL);
-    guard_thread = pthread_self();
-    guard_tid = (pid_t)syscall(SYS_gettid);
+    guard_become();
     uint64_t word = 0;
     struct iovec local = {&word, sizeof(word)};
     struct iovec remote = {arg, sizeof(word)};

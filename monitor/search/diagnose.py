@@ -394,43 +394,17 @@ def diagnose(
             note=f"{sleeping} samples{asleep} asleep in sleep(): not a bottleneck, left out of the busy samples",
         )
     )
-    if idle["loop"]:
-        search.history.append(
-            Step(
-                search.next_step(),
-                "idle",
-                (),
-                None,
-                "ignored",
-                note=f"{idle['loop']} samples of an event loop waiting for work in its selector (outside any "
-                "callback): an idle loop is not a bottleneck, what blocks it is",
-            )
-        )
-    if idle["join"]:
-        search.history.append(
-            Step(
-                search.next_step(),
-                "idle",
-                (),
-                None,
-                "ignored",
-                note=f"{idle['join']} samples of threads waiting in join() for other threads: what those do is "
-                "the question, left out of the busy samples",
-            )
-        )
-    if idle["ready"]:
-        search.history.append(
-            Step(
-                search.next_step(),
-                "idle",
-                (),
-                None,
-                "ignored",
-                note=f"{idle['ready']} samples of threads ready to run, waiting for the GIL or for a CPU: the "
-                "threads that hold them are the question (the threads proflet counts the wait), left out of the "
-                "busy samples",
-            )
-        )
+    idle_notes = {
+        "loop": "samples of an event loop waiting for work in its selector (outside any callback): an idle loop "
+        "is not a bottleneck, what blocks it is",
+        "join": "samples of threads waiting in join() for other threads: what those do is the question, left out "
+        "of the busy samples",
+        "ready": "samples of threads ready to run, waiting for the GIL or for a CPU: the threads that hold them "
+        "are the question (the threads proflet counts the wait), left out of the busy samples",
+    }
+    for why, note in idle_notes.items():
+        if idle[why]:
+            search.history.append(Step(search.next_step(), "idle", (), None, "ignored", note=f"{idle[why]} {note}"))
     tasks = _tasks_results(profile)
     for h in ("cpu", "loop", "io", "sync", "wait", "gc"):
         if h in untestable:
