@@ -150,7 +150,10 @@ class ThreadClocks:
     A thread that ends between two reads takes its clock with it: what it
     ran since the last read is the process's CPU time that no living
     thread's clock accounts for. :meth:`read` gives that to the threads that
-    ended, once, as their last cumulative figure, so their totals are whole.
+    ended, once, as their last cumulative figure, so their totals are whole:
+    in proportion to the CPU each used in the interval before (a spinner and a
+    sleeper that end between the same two reads, as at a program's end, do
+    not get half each).
     """
 
     #: reads between looks for the threads that are not the application's (their clocks are subtracted)
@@ -166,6 +169,8 @@ class ThreadClocks:
         self._process_cpu = time.process_time()
         self._wall = time.monotonic()
         self._reads = 0
+        #: each application thread's CPU seconds per second between the last two reads
+        self._rate: dict[int, float] = {}
 
     def _others_growth(self) -> float:
         """CPU seconds the threads that are not the application's used since the last read."""
@@ -198,19 +203,24 @@ class ThreadClocks:
         for ident in also_ended:
             if ident not in live and ident not in ended:
                 ended[ident] = (0, 0.0)  # never read: all it ran is in the process's rest
+        lived, rate, span = 0.0, {}, wall - self._wall
+        for ident, (native, cpu) in live.items():
+            before = self._last.get(ident)
+            grown = cpu - before[1] if before is not None and before[0] == native else cpu
+            lived += grown
+            rate[ident] = grown / span if span > 0 else 0.0
         if ended:
             # the process's CPU time since the last read that no living thread's clock accounts for
-            lived = 0.0
-            for ident, (native, cpu) in live.items():
-                before = self._last.get(ident)
-                lived += cpu - before[1] if before is not None and before[0] == native else cpu
-            rest = (process_cpu - self._process_cpu) - lived - others
-            # a thread cannot have run longer than the time between the reads
-            share = min(max(0.0, rest) / len(ended), wall - self._wall)
+            rest = max(0.0, (process_cpu - self._process_cpu) - lived - others)
+            # Shared by what each ran in the interval before; one never read may have run all along.
+            weight = {ident: self._rate.get(ident, 1.0) for ident in ended}
+            total = sum(weight.values())
             for ident, (native, cpu) in ended.items():
                 self._baseline.pop(native, None)
-                out[ident] = (native, cpu + share)
-        self._process_cpu, self._wall, self._last = process_cpu, wall, live
+                share = rest * weight[ident] / total if total > 0 else rest / len(ended)
+                # a thread cannot have run longer than the time between the reads
+                out[ident] = (native, cpu + min(share, span))
+        self._process_cpu, self._wall, self._last, self._rate = process_cpu, wall, live, rate
         return out
 
 

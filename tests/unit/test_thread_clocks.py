@@ -117,3 +117,35 @@ def test_a_thread_that_lived_only_between_two_reads_gets_the_cpu_it_used() -> No
     assert [t.ident, "brief"] in ended
     got = clocks.read(int(i) for i, _ in ended)
     assert abs(got[t.ident or 0][1] - used["end"]) <= 0.1, (got, used)
+
+
+def test_threads_that_end_together_share_what_is_left_by_what_they_ran() -> None:
+    # As at a program's end: a spinner and a sleeper end between the same two
+    # reads. Split evenly, the sleeper got half of the spinner's last CPU
+    # (io-mix's sleeper and writer: 0.4 s each for 0.03 s).
+    go, used = threading.Event(), {}
+
+    def spinner() -> None:
+        while not go.is_set():
+            _burn(0.01)
+        used["spinner"] = _burn(0.3)
+
+    def sleeper() -> None:
+        while not go.is_set():
+            time.sleep(0.005)
+        used["sleeper"] = time.thread_time()
+
+    clocks = ThreadClocks()
+    threads = [threading.Thread(target=spinner), threading.Thread(target=sleeper)]
+    for t in threads:
+        t.start()
+    for _ in range(2):  # the second read sees what each ran since the first
+        time.sleep(0.2)
+        clocks.read()
+    go.set()
+    for t in threads:
+        t.join(10)
+    last = clocks.read()
+    spin, doze = (last[t.ident or 0][1] for t in threads)
+    assert abs(spin - used["spinner"]) <= 0.1, (spin, doze, used)
+    assert doze <= used["sleeper"] + 0.05, (spin, doze, used)
