@@ -73,7 +73,13 @@ def test_run_killed_leaves_no_agent_behind(tmp_path: Path) -> None:
 
 def test_run_passes_sighup_on(tmp_path: Path) -> None:
     pidfile = tmp_path / "pid"
-    run = cli("run", "-q", "--", sys.executable, str(TARGETS / "forever.py"), str(pidfile))
+    # Under nohup SIGHUP is ignored, and an ignored signal stays so across exec: the
+    # program would inherit it and (rightly) not end. The test wants the default.
+    before = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        run = cli("run", "-q", "--", sys.executable, str(TARGETS / "forever.py"), str(pidfile))
+    finally:
+        signal.signal(signal.SIGHUP, before)
     try:
         wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 30, what="the target")
         time.sleep(0.5)
