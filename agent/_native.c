@@ -679,9 +679,9 @@ tid_lookup(int32_t tid, uint64_t tick)
 /* The state of a thread at this sample. `cpu0` is its CPU clock read just
  * before its stack was walked, `cpu1` read again after (microseconds later):
  * it was on a CPU if the clock moved in between (the kernel brings a running
- * thread's clock up to date when it is read). If it did
- * not move, the kernel's state letter tells a sleeping thread from a
- * runnable one, which is in a run queue.
+ * thread's clock up to date when it is read). If it did not move, the
+ * kernel's state letter tells a sleeping thread from a runnable one, which
+ * is in a run queue.
  *
  * What we see is not quite the instant drawn: our wake-up takes a CPU and
  * the look tens of microseconds. On a machine with few CPUs it puts back in
